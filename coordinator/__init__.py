@@ -1,0 +1,1 @@
+"""Coordinator service: drives the RL post-training loop."""

@@ -1,0 +1,1 @@
+"""Embedded default model and task: a tiny local Llama and synthetic arithmetic."""

@@ -1,0 +1,186 @@
+from protos.tandem.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Backend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BACKEND_UNSPECIFIED: _ClassVar[Backend]
+    BACKEND_DTENSOR: _ClassVar[Backend]
+    BACKEND_MEGATRON: _ClassVar[Backend]
+
+class PolicyKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_KIND_UNSPECIFIED: _ClassVar[PolicyKind]
+    POLICY_KIND_CURRENT: _ClassVar[PolicyKind]
+    POLICY_KIND_REFERENCE: _ClassVar[PolicyKind]
+BACKEND_UNSPECIFIED: Backend
+BACKEND_DTENSOR: Backend
+BACKEND_MEGATRON: Backend
+POLICY_KIND_UNSPECIFIED: PolicyKind
+POLICY_KIND_CURRENT: PolicyKind
+POLICY_KIND_REFERENCE: PolicyKind
+
+class Sample(_message.Message):
+    __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_length: int
+    loss_mask: _containers.RepeatedScalarFieldContainer[float]
+    generation_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    advantage: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ...) -> None: ...
+
+class GrpoLoss(_message.Message):
+    __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction")
+    RATIO_CLIP_MIN_FIELD_NUMBER: _ClassVar[int]
+    RATIO_CLIP_MAX_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_POLICY_KL_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    USE_IMPORTANCE_SAMPLING_CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    ratio_clip_min: float
+    ratio_clip_max: float
+    reference_policy_kl_penalty: float
+    use_importance_sampling_correction: bool
+    def __init__(self, ratio_clip_min: _Optional[float] = ..., ratio_clip_max: _Optional[float] = ..., reference_policy_kl_penalty: _Optional[float] = ..., use_importance_sampling_correction: _Optional[bool] = ...) -> None: ...
+
+class NllLoss(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TrainStepRequest(_message.Message):
+    __slots__ = ("samples", "grpo", "nll", "global_batch_size", "micro_batch_size")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GRPO_FIELD_NUMBER: _ClassVar[int]
+    NLL_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    grpo: GrpoLoss
+    nll: NllLoss
+    global_batch_size: int
+    micro_batch_size: int
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ...) -> None: ...
+
+class TrainStepResponse(_message.Message):
+    __slots__ = ("metrics", "global_step")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.ScalarMap[str, float]
+    global_step: int
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., global_step: _Optional[int] = ...) -> None: ...
+
+class ComputeLogprobsRequest(_message.Message):
+    __slots__ = ("samples", "policy", "micro_batch_size")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    policy: PolicyKind
+    micro_batch_size: int
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., policy: _Optional[_Union[PolicyKind, str]] = ..., micro_batch_size: _Optional[int] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("logprobs",)
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ComputeLogprobsResponse(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    def __init__(self, samples: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
+
+class GetInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetInfoResponse(_message.Message):
+    __slots__ = ("model_name", "model_fingerprint", "backend", "world_size", "device_type", "weight_sync_store_address", "bucket_plan", "num_parameters", "global_step")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_PLAN_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    model_fingerprint: str
+    backend: Backend
+    world_size: int
+    device_type: str
+    weight_sync_store_address: str
+    bucket_plan: _common_pb2.BucketPlan
+    num_parameters: int
+    global_step: int
+    def __init__(self, model_name: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., world_size: _Optional[int] = ..., device_type: _Optional[str] = ..., weight_sync_store_address: _Optional[str] = ..., bucket_plan: _Optional[_Union[_common_pb2.BucketPlan, _Mapping]] = ..., num_parameters: _Optional[int] = ..., global_step: _Optional[int] = ...) -> None: ...
+
+class PublishWeightsRequest(_message.Message):
+    __slots__ = ("group", "version")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    group: _common_pb2.WeightSyncGroup
+    version: int
+    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
+
+class PublishWeightsResponse(_message.Message):
+    __slots__ = ("bytes_sent", "duration_ms")
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    bytes_sent: int
+    duration_ms: int
+    def __init__(self, bytes_sent: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class SaveCheckpointRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class SaveCheckpointResponse(_message.Message):
+    __slots__ = ("duration_ms",)
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    duration_ms: int
+    def __init__(self, duration_ms: _Optional[int] = ...) -> None: ...
+
+class LoadCheckpointRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class LoadCheckpointResponse(_message.Message):
+    __slots__ = ("global_step",)
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    global_step: int
+    def __init__(self, global_step: _Optional[int] = ...) -> None: ...
+
+class ExportHfRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class ExportHfResponse(_message.Message):
+    __slots__ = ("num_tensors",)
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    num_tensors: int
+    def __init__(self, num_tensors: _Optional[int] = ...) -> None: ...

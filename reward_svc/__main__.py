@@ -1,0 +1,36 @@
+"""`python -m reward_svc --settings reward.json [--coordinator HOST:PORT]`: serve scorers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from reward_svc.config import RewardSettings
+from reward_svc.engine import RewardEngine
+from reward_svc.server import SERVICE_NAME, RewardServicer, add_to_server
+from tandem.logs import configure_logging
+from tandem.membership import Announcement, Load
+from tandem.rpc import load_token, start_server
+from tandem.service import load_settings, parse_args, serve
+
+
+async def main() -> None:
+    args = parse_args("Tandem reward service")
+    settings = load_settings(args.settings, RewardSettings)
+    log = configure_logging("reward")
+    token = load_token()
+    log.info("settings", **settings.model_dump())
+    engine = RewardEngine(settings, log)
+    running = await start_server([lambda s: add_to_server(RewardServicer(engine), s)], [SERVICE_NAME],
+                                 host=args.host, port=args.port, token=token, log=log)
+    await engine.warm_up()
+    address = f"{args.advertise_host or args.host}:{running.port}"
+    announcement = Announcement(kind="reward", address=address, tasks=sorted(settings.tasks))
+
+    async def close() -> None:
+        engine.close()
+
+    await serve(running, args, announcement, Load, log, on_stop=close)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

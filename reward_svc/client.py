@@ -1,0 +1,29 @@
+"""Typed client of the reward service; returns plain dataclasses."""
+
+from __future__ import annotations
+
+from protos.tandem.reward.v1 import reward_pb2 as pb
+from protos.tandem.reward.v1 import reward_pb2_grpc as pb_grpc
+from reward_svc.types import RewardInfo, ScoreItem, ScoreResult
+from tandem.rpc import open_channel
+
+
+class RewardClient:
+    def __init__(self, address: str, token: str | None, timeout_s: float = 60.0):
+        self.address = address
+        self._channel = open_channel(address, token)
+        self._stub = pb_grpc.RewardServiceStub(self._channel)
+        self._timeout_s = timeout_s
+
+    def info(self) -> RewardInfo:
+        reply = self._stub.GetInfo(pb.GetInfoRequest(), timeout=10.0)
+        return RewardInfo(tasks=tuple(reply.tasks), scorers=dict(reply.scorers))
+
+    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        request = pb.ScoreRequest(items=[pb.ScoreItem(task=i.task, prompt=i.prompt, completion=i.completion,
+                                                      ground_truth=i.ground_truth) for i in items])
+        reply = self._stub.Score(request, timeout=self._timeout_s)
+        return [ScoreResult(reward=r.reward, correct=r.correct) for r in reply.results]
+
+    def close(self) -> None:
+        self._channel.close()

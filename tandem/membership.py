@@ -1,0 +1,100 @@
+"""The membership agent every service runs: register with the coordinator, then heartbeat.
+
+A heartbeat answered with `known=False` (the coordinator restarted) registers again, so
+live services re-join a restarted coordinator without restarting themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
+from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from tandem.rpc import TOKEN_METADATA_KEY
+
+KINDS = {"trainer": pb.SERVICE_KIND_TRAINER, "generator": pb.SERVICE_KIND_GENERATOR, "reward": pb.SERVICE_KIND_REWARD}
+CALL_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Announcement:
+    """What a service tells the coordinator about itself."""
+
+    kind: str
+    address: str
+    model_fingerprint: str = ""
+    capacity: int = 0
+    tasks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Load:
+    """What a heartbeat reports."""
+
+    num_inflight: int = 0
+    weight_version: int = 0
+
+
+class MembershipAgent:
+    """Registers, heartbeats, re-registers on demand, and deregisters on stop."""
+
+    def __init__(self, coordinator_address: str, token: str, announcement: Announcement,
+                 load: Callable[[], Load], log) -> None:
+        self._address = coordinator_address
+        self._metadata = ((TOKEN_METADATA_KEY, token),)
+        self._announcement = announcement
+        self._load = load
+        self._log = log
+        self._member_id: str | None = None
+        self._interval_s = 1.0
+        self._task: asyncio.Task | None = None
+        self._channel: grpc.aio.Channel | None = None
+
+    def start(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self._address)
+        self._task = asyncio.create_task(self._run())
+
+    async def _register(self, stub: pb_grpc.CoordinatorServiceStub) -> None:
+        a = self._announcement
+        reply = await stub.Register(pb.RegisterRequest(
+            kind=KINDS[a.kind], address=a.address, model_fingerprint=a.model_fingerprint, capacity=a.capacity,
+            tasks=a.tasks, pid=os.getpid()), metadata=self._metadata, timeout=CALL_TIMEOUT_S)
+        self._member_id = reply.member_id
+        self._interval_s = max(reply.heartbeat_interval_ms, 100) / 1000
+        self._log.info("registered", coordinator=self._address, member_id=self._member_id)
+
+    async def _run(self) -> None:
+        stub = pb_grpc.CoordinatorServiceStub(self._channel)
+        while True:
+            try:
+                if self._member_id is None:
+                    await self._register(stub)
+                else:
+                    load = self._load()
+                    reply = await stub.Heartbeat(pb.HeartbeatRequest(
+                        member_id=self._member_id, num_inflight=load.num_inflight,
+                        weight_version=load.weight_version), metadata=self._metadata, timeout=CALL_TIMEOUT_S)
+                    if not reply.known:
+                        self._log.warning("coordinator_forgot_member", member_id=self._member_id)
+                        self._member_id = None
+                        continue
+            except grpc.aio.AioRpcError as exc:
+                self._log.debug("coordinator_unreachable", code=exc.code().name)
+            await asyncio.sleep(self._interval_s)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._member_id is not None and self._channel is not None:
+            try:
+                await pb_grpc.CoordinatorServiceStub(self._channel).Deregister(
+                    pb.DeregisterRequest(member_id=self._member_id), metadata=self._metadata, timeout=2.0)
+            except grpc.aio.AioRpcError:
+                pass  # the coordinator is gone; its heartbeat timeout will notice
+        if self._channel is not None:
+            await self._channel.close()

@@ -1,0 +1,79 @@
+"""What every service entry point shares: the common arguments, loading its settings, the
+address file, and serving until SIGTERM/SIGINT with membership.
+
+Entry points stay short: `args = parse_args(...)`, build the domain engine, then
+`asyncio.run(serve(...))`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from tandem.membership import Announcement, Load, MembershipAgent
+from tandem.rpc import RunningServer
+
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--settings", type=Path, help="JSON file of this service's settings (defaults if absent)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (0: any free port)")
+    parser.add_argument("--advertise-host", default=None, help="host others reach this service at (default: --host)")
+    parser.add_argument("--coordinator", default=None, help="host:port of the coordinator to register with")
+    parser.add_argument("--address-file", type=Path, default=None, help="write the bound host:port here once serving")
+    return parser.parse_args(argv)
+
+
+def load_settings(path: Path | None, model: type[SettingsT]) -> SettingsT:
+    """Parse the settings file; a bad file is a one-line error naming the key."""
+    if path is None:
+        return model()
+    try:
+        return model.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise SystemExit(f"{path}: {key}: {first['msg']}") from None
+
+
+def write_address_file(path: Path, address: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(address)
+    os.replace(tmp, path)
+
+
+async def serve(running: RunningServer, args: argparse.Namespace, announcement: Announcement,
+                load: Callable[[], Load], log, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Mark ready, announce, and serve until SIGTERM/SIGINT; then deregister and stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await running.mark_ready()
+    agent = None
+    if args.coordinator:
+        agent = MembershipAgent(args.coordinator, running.token, announcement, load, log)
+        agent.start()
+    if args.address_file:
+        write_address_file(args.address_file, announcement.address)
+    log.info("service_ready", address=announcement.address)
+    await stop.wait()
+    log.info("service_stopping")
+    await running.mark_not_serving()
+    if agent is not None:
+        await agent.stop()
+    if on_stop is not None:
+        await on_stop()
+    await running.stop(grace_s=2.0)
+
+

@@ -1,0 +1,311 @@
+"""The weight-sync wire: trainer rank 0 broadcasts weights to generators over a
+torch.distributed process group of its own (gloo on CPU, NCCL on CUDA).
+
+How a transfer meets (see DESIGN.md, "Weight sync"):
+- Trainer rank 0 hosts a `TCPStore` (`WeightSender`). For each membership epoch the
+  coordinator announces a `GroupSpec`: store address, epoch, a random per-epoch secret and
+  the world size. Members build the group directly on `PrefixStore(f"{epoch}-{secret}")`,
+  so it never touches the trainer's default group, and a process that was not told the
+  secret cannot join it. Trainer rank 0 is group rank 0; generators take 1..N.
+- Weights travel as byte buckets laid out by a `BucketPlan` (HF names, shapes, dtypes,
+  offsets), computed once per model and sent to receivers over gRPC. Each transfer starts
+  with a header broadcast (version, bucket count, plan digest) that receivers check.
+- Every collective has a per-operation timeout: gloo's `abort()` does not interrupt a
+  pending wait, so a dead peer is only noticed through the timeout (notes/distributed-cpu).
+- The receiver returns a complete staged state dict or raises: the caller swaps it in
+  only once everything arrived, so a half-received update never serves a request.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_BUCKET_BYTES = 256 << 20
+_ALIGN_BYTES = 64  # keeps every tensor's byte offset a multiple of any element size
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor in a bucket (HF parameter name, full shape)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    bucket_index: int
+    offset_bytes: int
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Where every tensor of a model sits in the byte buckets of a transfer."""
+
+    tensors: tuple[TensorSpec, ...]
+    bucket_sizes_bytes: tuple[int, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bucket_sizes_bytes)
+
+    def digest(self) -> int:
+        """A 62-bit digest of the layout, checked by receivers in the header."""
+        text = json.dumps([[t.name, list(t.shape), t.dtype, t.bucket_index, t.offset_bytes] for t in self.tensors])
+        return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Where and how one epoch's group meets."""
+
+    store_address: str
+    epoch: int
+    epoch_secret: str
+    world_size: int
+    op_timeout_s: float = 30.0
+
+    @property
+    def key(self) -> tuple[str, int, str, int]:
+        return (self.store_address, self.epoch, self.epoch_secret, self.world_size)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def make_bucket_plan(tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketPlan:
+    """Pack tensors in the given order into buckets of at most bucket_bytes.
+
+    A tensor larger than bucket_bytes gets a bucket of its own.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    specs: list[TensorSpec] = []
+    sizes: list[int] = []
+    offset = 0
+    for name, shape, dtype in tensors:
+        size = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        if not sizes or (offset > 0 and offset + size > bucket_bytes):
+            if sizes:
+                sizes[-1] = offset
+            sizes.append(0)
+            offset = 0
+        specs.append(TensorSpec(name, tuple(int(s) for s in shape), dtype_name(dtype), len(sizes) - 1, offset, size))
+        offset = _align(offset + size)
+    if sizes:
+        sizes[-1] = offset
+    return BucketPlan(tuple(specs), tuple(sizes))
+
+
+def plan_for_state_dict(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None,
+                        bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketPlan:
+    return make_bucket_plan(((n, tuple(t.shape), dtype or t.dtype) for n, t in state.items()), bucket_bytes)
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"weight-sync store address must be host:port, got {address!r}")
+    return host, int(port)
+
+
+def _make_group(store: dist.Store, spec: GroupSpec, rank: int, device: torch.device) -> dist.ProcessGroup:
+    """Build the epoch's group straight from a PrefixStore (no default-group involvement)."""
+    if not 0 <= rank < spec.world_size:
+        raise ValueError(f"rank {rank} outside group of size {spec.world_size}")
+    prefix = dist.PrefixStore(f"weights/{spec.epoch}-{spec.epoch_secret}", store)
+    timeout = datetime.timedelta(seconds=spec.op_timeout_s)
+    if device.type == "cuda":  # GPU path: same protocol over NCCL (untested on these CPU machines)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(prefix, rank, spec.world_size, opts)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    host, _ = _split_address(spec.store_address)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_interface_for(host))]
+    return dist.ProcessGroupGloo(prefix, rank, spec.world_size, opts)
+
+
+def _local_interface_for(store_host: str) -> str:
+    """The address gloo binds: loopback when the store is local, else the default interface."""
+    return "127.0.0.1" if store_host in ("127.0.0.1", "localhost") else ""
+
+
+def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> dist.Work:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    opts.timeout = datetime.timedelta(seconds=timeout_s)
+    return group.broadcast([tensor], opts)
+
+
+class _EpochGroup:
+    """Caches the process group of the current epoch; a new epoch replaces (and shuts down) it."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._group: dist.ProcessGroup | None = None
+
+    def get(self, store: dist.Store, spec: GroupSpec, rank: int, device: torch.device) -> dist.ProcessGroup:
+        if self._key != (*spec.key, rank) or self._group is None:
+            self.close()
+            self._group = _make_group(store, spec, rank, device)
+            self._key = (*spec.key, rank)
+        return self._group
+
+    def close(self) -> None:
+        if self._group is not None:
+            try:
+                self._group.shutdown()
+            except RuntimeError:
+                pass  # a group whose peer died may refuse a clean shutdown; it is dropped anyway
+        self._group, self._key = None, None
+
+
+def _header(version: int, plan: BucketPlan, device: torch.device) -> torch.Tensor:
+    return torch.tensor([version, len(plan.bucket_sizes_bytes), plan.total_bytes, plan.digest()],
+                        dtype=torch.int64, device=device)
+
+
+class WeightSender:
+    """Trainer rank 0's side: hosts the store and broadcasts buckets (double-buffered)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, device: torch.device | None = None,
+                 advertise_host: str | None = None):
+        self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=60))
+        self._advertise = advertise_host or host
+        self._device = device or torch.device("cpu")
+        self._group = _EpochGroup()
+
+    @property
+    def address(self) -> str:
+        return f"{self._advertise}:{self._store.port}"
+
+    def send(self, spec: GroupSpec, version: int, plan: BucketPlan,
+             tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Broadcast `tensors` (in plan order, full tensors) as `version`; returns bytes sent.
+
+        Raises on timeout or a dead peer; the caller retries on a new epoch.
+        """
+        try:
+            return self._send(spec, version, plan, tensors)
+        except Exception:
+            self._group.close()  # never reuse a group that failed mid-transfer
+            raise
+
+    def _send(self, spec: GroupSpec, version: int, plan: BucketPlan,
+              tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        group = self._group.get(self._store, spec, 0, self._device)
+        _broadcast(group, _header(version, plan, self._device), spec.op_timeout_s).wait()
+        largest = max(plan.bucket_sizes_bytes, default=0)
+        buffers = [torch.empty(largest, dtype=torch.uint8, device=self._device) for _ in range(2)]
+        pending: list[dist.Work | None] = [None, None]
+        by_bucket = _group_by_bucket(plan, tensors)
+        for index, size in enumerate(plan.bucket_sizes_bytes):
+            slot = index % 2
+            if pending[slot] is not None:
+                pending[slot].wait()  # the buffer is free again once its broadcast finished
+            buffer = buffers[slot][:size]
+            for spec_t, tensor in by_bucket[index]:
+                flat = tensor.detach().to(device=self._device, dtype=getattr(torch, spec_t.dtype)).contiguous()
+                buffer[spec_t.offset_bytes:spec_t.offset_bytes + spec_t.size_bytes].copy_(flat.view(-1).view(torch.uint8))
+            pending[slot] = _broadcast(group, buffer, spec.op_timeout_s)
+        for work in pending:
+            if work is not None:
+                work.wait()
+        return plan.total_bytes
+
+    def close(self) -> None:
+        self._group.close()
+
+
+def _group_by_bucket(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]]):
+    expected = {t.name: t for t in plan.tensors}
+    buckets: dict[int, list[tuple[TensorSpec, torch.Tensor]]] = {i: [] for i in range(len(plan.bucket_sizes_bytes))}
+    seen = set()
+    for name, tensor in tensors:
+        spec = expected.get(name)
+        if spec is None:
+            raise ValueError(f"tensor {name!r} is not in the bucket plan")
+        if tuple(tensor.shape) != spec.shape:
+            raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, plan says {spec.shape}")
+        buckets[spec.bucket_index].append((spec, tensor))
+        seen.add(name)
+    missing = set(expected) - seen
+    if missing:
+        raise ValueError(f"{len(missing)} tensors of the plan were not given, e.g. {sorted(missing)[:3]}")
+    return buckets
+
+
+class WeightReceiver:
+    """A generator's side: joins the epoch's group and receives one version."""
+
+    def __init__(self, device: torch.device | None = None):
+        self._device = device or torch.device("cpu")
+        self._group = _EpochGroup()
+        self._store: dist.Store | None = None
+        self._store_address: str | None = None
+
+    def _store_for(self, spec: GroupSpec) -> dist.Store:
+        if self._store is None or self._store_address != spec.store_address:
+            host, port = _split_address(spec.store_address)
+            self._store = dist.TCPStore(host, port, is_master=False,
+                                        timeout=datetime.timedelta(seconds=spec.op_timeout_s))
+            self._store_address = spec.store_address
+        return self._store
+
+    def receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
+        """Receive every bucket of `version`; returns the full staged state dict or raises."""
+        try:
+            return self._receive(spec, rank, version, plan)
+        except Exception:
+            self._group.close()
+            raise
+
+    def _receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
+        if rank < 1:
+            raise ValueError(f"receivers take ranks 1..world_size-1, got {rank}")
+        group = self._group.get(self._store_for(spec), spec, rank, self._device)
+        header = torch.zeros(4, dtype=torch.int64, device=self._device)
+        _broadcast(group, header, spec.op_timeout_s).wait()
+        expected = _header(version, plan, self._device)
+        if not torch.equal(header, expected):
+            raise ConnectionError(f"weight-sync header {header.tolist()} does not match the announced "
+                                  f"{expected.tolist()} (version, buckets, bytes, plan digest)")
+        staged: dict[str, torch.Tensor] = {}
+        by_bucket: dict[int, list[TensorSpec]] = {}
+        for t in plan.tensors:
+            by_bucket.setdefault(t.bucket_index, []).append(t)
+        sizes = plan.bucket_sizes_bytes
+        buffers = [torch.empty(max(sizes, default=0), dtype=torch.uint8, device=self._device) for _ in range(2)]
+        works = {0: _broadcast(group, buffers[0][:sizes[0]], spec.op_timeout_s)} if sizes else {}
+        for index in range(len(sizes)):
+            works.pop(index).wait()
+            if index + 1 < len(sizes):  # keep the next receive posted while this one unpacks
+                works[index + 1] = _broadcast(group, buffers[(index + 1) % 2][:sizes[index + 1]], spec.op_timeout_s)
+            buffer = buffers[index % 2]
+            for t in by_bucket.get(index, []):
+                raw = buffer[t.offset_bytes:t.offset_bytes + t.size_bytes].clone()
+                staged[t.name] = raw.view(getattr(torch, t.dtype)).view(t.shape)
+        return staged
+
+    def close(self) -> None:
+        self._group.close()
+
+
+def iter_plan_tensors(plan: BucketPlan, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of `state` in plan order (what WeightSender.send expects)."""
+    for spec in plan.tensors:
+        yield spec.name, state[spec.name]
