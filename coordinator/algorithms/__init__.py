@@ -1,0 +1,1 @@
+"""The algorithms' step functions: each reads like its algorithm, phases named in order."""

@@ -1,0 +1,248 @@
+"""The experiment configuration: one YAML file in NeMo-RL's schema, plus dotted overrides.
+
+Parsed once into pydantic models that forbid unknown keys, so a typo is an error naming the
+key. Sections: policy.*, grpo.*, sft.*, loss_fn.*, data.*, env.*, cluster.*,
+checkpointing.*, logger.*. Each service later gets only its own section (see launcher.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A user's configuration mistake; the message says which key and what to change."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OptimizerKwargs(_Section):
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+
+
+class OptimizerConfig(_Section):
+    name: Literal["adamw", "torch.optim.AdamW"] = "adamw"
+    kwargs: OptimizerKwargs = OptimizerKwargs()
+
+
+class DTensorConfig(_Section):
+    enabled: bool = True
+    """Train with the DTensor/FSDP2 backend (the only backend so far)."""
+    activation_checkpointing: bool = False
+
+
+class VllmConfig(_Section):
+    max_model_len: int = Field(64, gt=0)
+    """Longest prompt + completion the engine admits."""
+    max_num_seqs: int = Field(256, gt=0)
+    """Sequences one generator runs at once (its capacity)."""
+    kv_cache_space_gib: float = Field(1.0, gt=0)
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool = True
+    tensor_parallel_size: Literal[1] = 1
+
+
+class GenerationConfig(_Section):
+    backend: Literal["vllm"] = "vllm"
+    max_new_tokens: int = Field(8, gt=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = None
+    vllm_cfg: VllmConfig = VllmConfig()
+
+
+class PolicyConfig(_Section):
+    model_name: str | None = None
+    """HF checkpoint directory. None: the embedded tiny model (built once, cached)."""
+    train_global_batch_size: int = Field(128, gt=0)
+    """Samples per optimizer step."""
+    train_micro_batch_size: int = Field(64, gt=0)
+    """Samples per forward/backward on one trainer rank."""
+    logprob_batch_size: int = Field(64, gt=0)
+    max_total_sequence_length: int = Field(64, gt=0)
+    precision: Literal["float32", "bfloat16"] = "float32"
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    optimizer: OptimizerConfig = OptimizerConfig()
+    dtensor_cfg: DTensorConfig = DTensorConfig()
+    generation: GenerationConfig = GenerationConfig()
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_dir_exists(cls, value: str | None) -> str | None:
+        if value is not None and not (Path(value) / "config.json").is_file():
+            raise ValueError(f"{value!r} is not a Hugging Face checkpoint directory (no config.json); "
+                             "give one, or leave policy.model_name unset for the embedded tiny model")
+        return value
+
+
+class LossConfig(_Section):
+    reference_policy_kl_penalty: float = Field(0.0, ge=0)
+    ratio_clip_min: float = Field(0.2, ge=0)
+    ratio_clip_max: float = Field(0.2, ge=0)
+    use_importance_sampling_correction: bool = True
+    token_level_loss: Literal[True] = True
+    """Token-level normalisation over the global batch (sequence-level: not yet)."""
+
+
+class GRPOConfig(_Section):
+    num_prompts_per_step: int = Field(16, gt=0)
+    num_generations_per_prompt: int = Field(8, gt=1)
+    max_num_steps: int = Field(60, ge=0)
+    """GRPO steps; 0 skips GRPO."""
+    normalize_rewards: bool = True
+    """Divide advantages by the group's reward std."""
+    use_leave_one_out_baseline: bool = True
+    val_period: int = Field(10, ge=0)
+    """Validate every this many steps (0: only at the start and the end)."""
+    val_at_start: bool = True
+    max_val_samples: int = Field(256, gt=0)
+    seed: int = 42
+
+
+class SFTConfig(_Section):
+    max_num_steps: int = Field(120, ge=0)
+    """SFT steps before GRPO (the warm start); 0 skips SFT."""
+    global_batch_size: int = Field(64, gt=0)
+    micro_batch_size: int = Field(64, gt=0)
+    lr: float | None = Field(3e-3, gt=0)
+    """Learning rate of the SFT phase (None: policy.optimizer.kwargs.lr)."""
+    seed: int = 7
+
+
+class DataConfig(_Section):
+    dataset_name: Literal["arithmetic", "jsonl"] = "arithmetic"
+    """`arithmetic`: the embedded synthetic task; `jsonl`: train_path / val_path files."""
+    train_path: str | None = None
+    val_path: str | None = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    task_key: str = "task"
+    default_task: str = "arithmetic"
+    num_train: int = Field(6000, gt=0)
+    num_val: int = Field(256, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _paths_for_jsonl(self) -> DataConfig:
+        if self.dataset_name == "jsonl" and not self.train_path:
+            raise ValueError("data.train_path is required when data.dataset_name is jsonl")
+        return self
+
+
+class EnvConfig(_Section):
+    scorer: Literal["exact", "math"] = "exact"
+    num_workers: int = Field(1, ge=1)
+    item_timeout_s: float = Field(5.0, gt=0)
+
+
+class ClusterConfig(_Section):
+    num_nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0)
+    trainer_ranks: int = Field(2, ge=1)
+    """torchrun processes of the trainer (local mode)."""
+    num_generators: int = Field(1, ge=1)
+    """Generator services to launch (local mode)."""
+    host: str = "127.0.0.1"
+    """Address services bind and advertise."""
+    startup_timeout_s: float = Field(300, gt=0)
+
+
+class CheckpointingConfig(_Section):
+    enabled: bool = True
+    checkpoint_dir: str | None = None
+    """Default: <run dir>/checkpoints."""
+    save_period: int = Field(20, gt=0)
+    keep_top_k: int = Field(2, ge=1)
+
+
+class LoggerConfig(_Section):
+    log_dir: str = "runs"
+    """Each run writes into <log_dir>/<run name>/."""
+    run_name: str | None = None
+    tensorboard_enabled: bool = True
+    plot_enabled: bool = True
+
+
+class ExperimentConfig(_Section):
+    policy: PolicyConfig = PolicyConfig()
+    loss_fn: LossConfig = LossConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    sft: SFTConfig = SFTConfig()
+    data: DataConfig = DataConfig()
+    env: dict[str, EnvConfig] = Field(default_factory=lambda: {"arithmetic": EnvConfig()})
+    cluster: ClusterConfig = ClusterConfig()
+    checkpointing: CheckpointingConfig = CheckpointingConfig()
+    logger: LoggerConfig = LoggerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        samples = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+        if self.grpo.max_num_steps and samples % self.policy.train_global_batch_size:
+            raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size}) must divide "
+                             f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples})")
+        if self.data.default_task not in self.env:
+            raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
+        return self
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], YAML-parsed value)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    return key.split("."), yaml.safe_load(value) if value else None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                raw: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Load YAML (or a dict), apply dotted overrides, validate. Raises ConfigError."""
+    data: dict[str, Any] = dict(raw or {})
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections")
+        data.update(loaded)
+    data = apply_overrides(data, overrides or [])
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown key {key}: remove it or fix its spelling")
+        else:
+            lines.append(f"{key}: {message}" if key else message)
+    return "invalid config: " + "; ".join(lines)

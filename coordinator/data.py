@@ -1,0 +1,89 @@
+"""Prompt datasets: examples, a reproducible cursor (part of the loop checkpoint) and
+tokenisation of prompts and answers."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator.config import DataConfig
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+    task: str
+
+
+def read_jsonl(path: Path, cfg: DataConfig) -> list[Example]:
+    examples = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            missing = [k for k in (cfg.prompt_key, cfg.answer_key) if k not in row]
+            if missing:
+                raise ValueError(f"{path}:{line_no}: missing keys {missing} (see data.prompt_key / data.answer_key)")
+            examples.append(Example(str(row[cfg.prompt_key]), str(row[cfg.answer_key]),
+                                    str(row.get(cfg.task_key, cfg.default_task))))
+    if not examples:
+        raise ValueError(f"{path} holds no examples")
+    return examples
+
+
+class PromptCursor:
+    """Walks a dataset in a seeded random order, reshuffling each epoch."""
+
+    def __init__(self, examples: list[Example], seed: int):
+        self._examples = examples
+        self._seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self._examples)))
+        random.Random(self._seed * 100_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> list[Example]:
+        batch = []
+        while len(batch) < size:
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._shuffled(self.epoch)
+            batch.append(self._examples[self._order[self.position]])
+            self.position += 1
+        return batch
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._shuffled(self.epoch)
+
+
+class Tokens:
+    """The tokenizer as the loop needs it: prompt ids (BOS included), answer ids + EOS, decode."""
+
+    def __init__(self, model_dir: str):
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(model_dir)
+        if self._tok.eos_token_id is None:
+            raise ValueError(f"the tokenizer in {model_dir} has no EOS token")
+        self.eos_id = int(self._tok.eos_token_id)
+
+    def prompt(self, text: str) -> list[int]:
+        return list(self._tok(text)["input_ids"])
+
+    def answer(self, text: str) -> list[int]:
+        return list(self._tok(text, add_special_tokens=False)["input_ids"]) + [self.eos_id]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)

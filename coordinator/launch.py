@@ -1,0 +1,75 @@
+"""From the experiment config to the local service processes: each service gets only its
+own section, written as a settings JSON file that its entry point validates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coordinator.config import ExperimentConfig
+from coordinator.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
+from coordinator.registry import Member
+from generator_svc.config import GeneratorSettings
+from reward_svc.config import RewardSettings
+from trainer_svc.config import TrainerSettings
+
+
+def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
+    policy = cfg.policy
+    opt = policy.optimizer.kwargs
+    return TrainerSettings.model_validate({
+        "model_name": model_dir, "seed": cfg.grpo.seed, "dtype": policy.precision,
+        "optimizer": {"lr": opt.lr, "weight_decay": opt.weight_decay, "betas": list(opt.betas), "eps": opt.eps},
+        "max_grad_norm": policy.max_grad_norm,
+        "dtensor_cfg": {"enabled": policy.dtensor_cfg.enabled,
+                        "activation_checkpointing": policy.dtensor_cfg.activation_checkpointing},
+        "weight_sync_host": cfg.cluster.host,
+    })
+
+
+def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:
+    vllm = cfg.policy.generation.vllm_cfg
+    return GeneratorSettings.model_validate({
+        "model_name": model_dir, "dtype": cfg.policy.precision, "max_model_len": vllm.max_model_len,
+        "max_num_seqs": vllm.max_num_seqs, "kv_cache_space_gib": vllm.kv_cache_space_gib,
+        "seed": cfg.grpo.seed + index, "enforce_eager": vllm.enforce_eager, "scratch_dir": str(scratch),
+    })
+
+
+def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
+    env = cfg.env[task]
+    return RewardSettings(tasks={task: env.scorer}, num_workers=env.num_workers, item_timeout_s=env.item_timeout_s)
+
+
+def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
+               launcher: LocalLauncher) -> None:
+    """Start the trainer (torchrun), the generators and one reward service per task."""
+    settings_dir = run_dir / "services"
+    settings_dir.mkdir(parents=True, exist_ok=True)
+    common = ["--host", cfg.cluster.host, "--coordinator", coordinator]
+
+    def write(name: str, settings) -> str:
+        path = settings_dir / f"{name}.json"
+        path.write_text(settings.model_dump_json(indent=1))
+        return str(path)
+
+    launcher.start(ServiceSpec("trainer", torchrun_module(
+        "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
+        *common)))
+    for index in range(cfg.cluster.num_generators):
+        name = f"generator-{index}"
+        settings = generator_settings(cfg, model_dir, index, run_dir / "scratch" / name)
+        launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common)))
+    for task in cfg.env:
+        name = f"reward-{task}"
+        launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
+                                                       write(name, reward_settings(cfg, task)), *common)))
+
+
+def all_registered(cfg: ExperimentConfig):
+    """Predicate over live members: the trainer, every generator and every task's reward service."""
+    def ready(members: list[Member]) -> bool:
+        kinds = [m.kind for m in members]
+        tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
+        return ("trainer" in kinds and kinds.count("generator") >= cfg.cluster.num_generators
+                and set(cfg.env) <= tasks)
+    return ready

@@ -1,0 +1,105 @@
+"""Local mode: start every service as a child process, watch them, stop them all.
+
+Each child runs in its own session (process group) with its log in <run>/logs/<name>.log,
+so stopping is `killpg(SIGTERM)` on the groups we created, then SIGKILL after a grace
+period. Ctrl-C and the end of a run both go through `stop_all`; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServiceDied(RuntimeError):
+    """A launched service exited while the run needed it."""
+
+
+@dataclass
+class ServiceSpec:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Child:
+    spec: ServiceSpec
+    process: subprocess.Popen
+    log_path: Path
+
+
+class LocalLauncher:
+    def __init__(self, log_dir: Path, base_env: dict[str, str], log):
+        self._log_dir = log_dir
+        self._base_env = base_env
+        self._log = log
+        self._children: list[_Child] = []
+
+    def start(self, spec: ServiceSpec) -> None:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self._log_dir / f"{spec.name}.log"
+        env = {**os.environ, **self._base_env, **spec.env}
+        with open(log_path, "ab") as out:
+            process = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        self._children.append(_Child(spec, process, log_path))
+        self._log.info("service_started", name=spec.name, pid=process.pid, log=str(log_path))
+
+    def check(self) -> None:
+        """Raise ServiceDied (with the tail of its log) if any child has exited."""
+        for child in self._children:
+            code = child.process.poll()
+            if code is not None:
+                tail = _tail(child.log_path)
+                raise ServiceDied(f"service {child.spec.name} (pid {child.process.pid}) exited with code {code}; "
+                                  f"last lines of {child.log_path}:\n{tail}")
+
+    def pids(self) -> dict[str, int]:
+        return {c.spec.name: c.process.pid for c in self._children}
+
+    def stop_all(self, grace_s: float = 15.0) -> None:
+        alive = [c for c in self._children if c.process.poll() is None]
+        for child in alive:
+            _signal_group(child.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in alive:
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._log.warning("service_kill", name=child.spec.name, pid=child.process.pid)
+        for child in self._children:  # the whole group: torchrun ranks, vLLM engine workers
+            _signal_group(child.process.pid, signal.SIGKILL)
+            if child.process.poll() is None:
+                child.process.wait(timeout=5)
+        if alive:
+            self._log.info("services_stopped", names=[c.spec.name for c in alive])
+        self._children.clear()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def torchrun_module(module: str, nproc: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", module, *args]

@@ -1,0 +1,103 @@
+"""Membership: which services are alive, what they serve, and how loaded they are.
+
+Services register (kind, address, fingerprint, capacity, tasks) and heartbeat; a member
+silent for longer than `timeout_s` is dropped. Thread-safe: the gRPC server thread writes,
+the run loop reads. Joins, leaves and losses are logged as structured events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Member:
+    member_id: str
+    kind: str  # "trainer" | "generator" | "reward"
+    address: str
+    model_fingerprint: str = ""
+    capacity: int = 0
+    tasks: tuple[str, ...] = ()
+    pid: int = 0
+    weight_version: int = 0
+    num_inflight: int = 0
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class Registry:
+    def __init__(self, log, heartbeat_interval_s: float = 1.0, timeout_s: float = 5.0):
+        self._log = log
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.timeout_s = timeout_s
+        self._members: dict[str, Member] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    def register(self, kind: str, address: str, *, model_fingerprint: str = "", capacity: int = 0,
+                 tasks: tuple[str, ...] = (), pid: int = 0) -> str:
+        with self._lock:
+            for old in [m for m in self._members.values() if m.address == address]:
+                del self._members[old.member_id]  # the same server came back (e.g. re-registering)
+            member = Member(f"{kind}-{uuid.uuid4().hex[:8]}", kind, address, model_fingerprint, capacity,
+                            tuple(tasks), pid)
+            self._members[member.member_id] = member
+            self._changed.notify_all()
+        self._log.info("member_joined", member_id=member.member_id, kind=kind, address=address,
+                       capacity=capacity, tasks=list(tasks))
+        return member.member_id
+
+    def heartbeat(self, member_id: str, num_inflight: int, weight_version: int) -> bool:
+        with self._lock:
+            member = self._members.get(member_id)
+            if member is None:
+                return False
+            self._members[member_id] = replace(member, num_inflight=num_inflight, weight_version=weight_version,
+                                               last_seen=time.monotonic())
+            return True
+
+    def deregister(self, member_id: str) -> None:
+        with self._lock:
+            member = self._members.pop(member_id, None)
+            self._changed.notify_all()
+        if member is not None:
+            self._log.info("member_left", member_id=member_id, kind=member.kind, address=member.address)
+
+    def remove(self, member_id: str, reason: str) -> None:
+        """Drop a member the run loop found dead (e.g. its RPCs fail)."""
+        with self._lock:
+            member = self._members.pop(member_id, None)
+            self._changed.notify_all()
+        if member is not None:
+            self._log.warning("member_lost", member_id=member_id, kind=member.kind, address=member.address,
+                              reason=reason)
+
+    def live(self, kind: str | None = None) -> list[Member]:
+        now = time.monotonic()
+        expired = []
+        with self._lock:
+            for member in list(self._members.values()):
+                if now - member.last_seen > self.timeout_s:
+                    expired.append(self._members.pop(member.member_id))
+            alive = [m for m in self._members.values() if kind is None or m.kind == kind]
+        for member in expired:
+            self._log.warning("member_lost", member_id=member.member_id, kind=member.kind, address=member.address,
+                              reason=f"no heartbeat for {self.timeout_s:.0f}s")
+        return sorted(alive, key=lambda m: m.member_id)
+
+    def wait_for(self, ready, timeout_s: float, check=lambda: None) -> list[Member]:
+        """Block until ready(live members) is true; check() may raise (e.g. a child died)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            members = self.live()
+            if ready(members):
+                return members
+            check()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"services did not register within {timeout_s:.0f}s; live: "
+                                   f"{[(m.kind, m.address) for m in members]}")
+            with self._lock:
+                self._changed.wait(min(remaining, 0.5))

@@ -1,0 +1,196 @@
+"""A whole run in local mode: prepare the model and data, launch every service, SFT-warm,
+GRPO, validate, and write the summary, plot and checkpoints. Every service it started is
+stopped at the end, on an error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from coordinator import checkpoint
+from coordinator.algorithms.context import LoopContext
+from coordinator.algorithms.grpo import grpo_step
+from coordinator.algorithms.sft import sft_step
+from coordinator.config import ExperimentConfig
+from coordinator.data import PromptCursor, Tokens, read_jsonl
+from coordinator.launch import all_registered, launch_all
+from coordinator.launcher import LocalLauncher
+from coordinator.metrics import MetricsLog, plot_curves
+from coordinator.registry import Registry
+from coordinator.server import CoordinatorServer
+from coordinator.services import Services
+from coordinator.status import RunStatus
+from coordinator.validation import validate
+from coordinator.weights import WeightPublisher
+from tandem.logs import configure_logging
+from tandem.rpc import TokenMissing, load_token
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TANDEM_HOME", Path.home() / ".cache" / "tandem"))
+
+
+def make_run_dir(cfg: ExperimentConfig) -> Path:
+    name = cfg.logger.run_name or datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    run_dir = Path(cfg.logger.log_dir).resolve() / name
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def prepare_inputs(cfg: ExperimentConfig) -> tuple[str, Path, Path | None]:
+    """The model directory and the train/val files (building the embedded ones if asked)."""
+    model_dir = cfg.policy.model_name
+    if model_dir is None:
+        from coordinator.embedded.tiny_model import ensure_tiny_model
+
+        model_dir = str(ensure_tiny_model(cache_root()))
+    if cfg.data.dataset_name == "arithmetic":
+        from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
+
+        train, val = ensure_arithmetic_dataset(cache_root(), cfg.data.seed, cfg.data.num_train, cfg.data.num_val)
+        return model_dir, train, val
+    return model_dir, Path(cfg.data.train_path), Path(cfg.data.val_path) if cfg.data.val_path else None
+
+
+def run_token(run_dir: Path) -> str:
+    """The shared token: TANDEM_TOKEN/TANDEM_TOKEN_FILE if set, else a fresh one kept in
+    <run>/token (mode 0600) so `tandem status` can read it."""
+    try:
+        return load_token()
+    except TokenMissing:
+        token = secrets.token_hex(16)
+        path = run_dir / "token"
+        path.touch(mode=0o600)
+        path.write_text(token)
+        return token
+
+
+class Run:
+    def __init__(self, cfg: ExperimentConfig, console: Console | None = None):
+        self.cfg = cfg
+        self.console = console or Console(stderr=True)
+        self.run_dir = make_run_dir(cfg)
+        self._log_file = open(self.run_dir / "logs" / "coordinator.log", "a")
+        self.log = configure_logging("coordinator", file=self._log_file, json=True).bind(run_id=self.run_dir.name)
+        self.status = RunStatus(self.run_dir.name)
+        self.metrics = MetricsLog(self.run_dir, cfg.logger.tensorboard_enabled)
+        self.timings: dict[str, float] = {}
+
+    def execute(self) -> dict:
+        cfg, log = self.cfg, self.log
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        started = time.perf_counter()
+        self.console.print(f"[bold]Tandem run[/] {self.run_dir}")
+        model_dir, train_path, val_path = prepare_inputs(cfg)
+        token = run_token(self.run_dir)
+        registry = Registry(log)
+        server = CoordinatorServer(registry, self.status, host=cfg.cluster.host, port=0, token=token, log=log)
+        launcher = LocalLauncher(self.run_dir / "logs", {"TANDEM_TOKEN": token, "OMP_NUM_THREADS": "1",
+                                                          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                                                          "PYTHONUNBUFFERED": "1"}, log)
+        services = None
+        try:
+            address = server.start()
+            (self.run_dir / "coordinator.addr").write_text(address)
+            launch_all(cfg, model_dir, self.run_dir, address, launcher)
+            with self.console.status("starting services (trainer, generators, rewards)..."):
+                registry.wait_for(all_registered(cfg), cfg.cluster.startup_timeout_s, check=launcher.check)
+            self.timings["startup_s"] = time.perf_counter() - started
+            self.console.print(f"services up in {self.timings['startup_s']:.1f}s")
+            services = Services(registry, token, log)
+            summary = self._phases(services, model_dir, train_path, val_path, launcher)
+        finally:
+            if services is not None:
+                services.close()
+            launcher.stop_all()
+            server.stop()
+            self.metrics.close()
+        summary["wall_time_s"] = time.perf_counter() - started
+        summary["timings_s"] = self.timings
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
+        self._log_file.close()
+        return summary
+
+    def _phases(self, services: Services, model_dir: str, train_path: Path, val_path: Path | None,
+                launcher: LocalLauncher) -> dict:
+        cfg, log = self.cfg, self.log
+        tokens = Tokens(model_dir)
+        train = read_jsonl(train_path, cfg.data)
+        val = read_jsonl(val_path, cfg.data)[: cfg.grpo.max_val_samples] if val_path else []
+        info = services.trainer.info()
+        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log)
+        ctx = LoopContext(cfg, services, tokens, PromptCursor(train, cfg.sft.seed), publisher, log)
+
+        def check_alive():
+            launcher.check()
+
+        summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
+        if cfg.sft.max_num_steps:
+            clock = time.perf_counter()
+            self._loop("sft", cfg.sft.max_num_steps, lambda step: sft_step(ctx), check_alive)
+            self.timings["sft_s"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        ctx.publish()  # generators start from the (warmed-up) trainer weights
+        accuracy_start = self._validate(ctx, val, step=0) if val else None
+        summary["accuracy_before"] = accuracy_start
+        ctx.cursor = PromptCursor(train, cfg.grpo.seed)
+        if cfg.grpo.max_num_steps:
+            def step_fn(step: int) -> dict:
+                metrics = grpo_step(ctx, step)
+                if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
+                    metrics["val_accuracy"] = self._validate(ctx, val, step)
+                if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
+                    self._checkpoint(ctx, step)
+                return metrics
+            self._loop("grpo", cfg.grpo.max_num_steps, step_fn, check_alive)
+        accuracy_end = self._validate(ctx, val, step=cfg.grpo.max_num_steps) if val else None
+        self.timings["grpo_s"] = time.perf_counter() - clock
+        summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=cfg.sft.max_num_steps,
+                       samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
+                       weight_version=ctx.publisher.version)
+        if cfg.logger.plot_enabled:
+            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png"))
+        return summary
+
+    def _validate(self, ctx: LoopContext, val, step: int) -> float:
+        self.status.update(phase="validate")
+        result = validate(ctx.services, ctx.tokens, val, self.cfg.policy.generation.max_new_tokens, self.log)
+        self.metrics.log("val", step, result)
+        self.log.info("validation", step=step, **result)
+        return result["accuracy"]
+
+    def _checkpoint(self, ctx: LoopContext, step: int) -> None:
+        root = Path(self.cfg.checkpointing.checkpoint_dir or self.run_dir / "checkpoints")
+        state = {"step": step, "weight_version": ctx.publisher.version, "cursor": ctx.cursor.state(),
+                 "metrics": self.metrics.history}
+        checkpoint.save(root, step, state, ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log)
+
+    def _loop(self, phase: str, num_steps: int, step_fn, check_alive) -> None:
+        self.status.update(phase=phase, step=0, total_steps=num_steps)
+        columns = [TextColumn(f"[bold]{phase:>4}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}")]
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            task = progress.add_task("", total=num_steps)
+            for step in range(1, num_steps + 1):
+                check_alive()
+                self.status.update(phase=phase)
+                metrics = step_fn(step)
+                self.metrics.log(phase, step, metrics)
+                self.status.update(step=step, last_metrics=metrics, weight_version=int(metrics.get("weight_version", 0)))
+                self.log.info("step", phase=phase, step=step, **{k: round(v, 5) for k, v in metrics.items()})
+                progress.update(task, advance=1, description=_describe(metrics))
+
+
+def _describe(metrics: dict[str, float]) -> str:
+    keys = [("loss", "loss"), ("reward_mean", "reward"), ("val_accuracy", "val acc"), ("kl", "kl")]
+    return "  ".join(f"{label} {metrics[key]:.3f}" for key, label in keys if key in metrics)

@@ -1,0 +1,21 @@
+"""Held-out validation: greedy completions of the validation prompts, scored by the
+reward services; accuracy is the fraction judged correct."""
+
+from __future__ import annotations
+
+from coordinator import rollout
+from coordinator.data import Example, Tokens
+from generator_svc.types import SamplingConfig
+from reward_svc.types import ScoreItem
+
+
+def validate(services, tokens: Tokens, examples: list[Example], max_new_tokens: int, log) -> dict[str, float]:
+    prompts = [tokens.prompt(e.prompt) for e in examples]
+    greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=max_new_tokens, seed=0)
+    groups = rollout.generate(prompts, greedy, services.generators, services.generator_failed, log)
+    texts = [tokens.decode(group[0].token_ids) for group in groups]
+    items = [ScoreItem(e.task, e.prompt, text, e.answer) for e, text in zip(examples, texts)]
+    results = services.rewards().score(items)
+    correct = sum(r.correct for r in results)
+    return {"accuracy": correct / len(results), "reward_mean": sum(r.reward for r in results) / len(results),
+            "num_samples": float(len(results))}

@@ -1,0 +1,58 @@
+import pytest
+
+from coordinator.config import ConfigError, load_config
+
+
+def test_defaults_are_the_embedded_demo():
+    cfg = load_config()
+    assert cfg.policy.model_name is None
+    assert cfg.grpo.num_prompts_per_step == 16 and cfg.grpo.num_generations_per_prompt == 8
+    assert cfg.data.dataset_name == "arithmetic"
+    assert cfg.cluster.trainer_ranks == 2
+
+
+def test_yaml_and_dotted_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("grpo:\n  max_num_steps: 7\nloss_fn:\n  ratio_clip_max: 0.28\n")
+    cfg = load_config(path, ["grpo.max_num_steps=3", "policy.generation.temperature=0.5", "env.math.scorer=math",
+                                  "env.arithmetic.scorer=exact"])
+    assert cfg.grpo.max_num_steps == 3
+    assert cfg.loss_fn.ratio_clip_max == 0.28
+    assert cfg.policy.generation.temperature == 0.5
+    assert cfg.env["math"].scorer == "math"
+
+
+def test_unknown_key_names_the_key():
+    with pytest.raises(ConfigError, match=r"unknown key grpo\.num_prompt_per_step"):
+        load_config(overrides=["grpo.num_prompt_per_step=4"])
+
+
+def test_wrong_type_names_the_key(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("policy:\n  train_micro_batch_size: lots\n")
+    with pytest.raises(ConfigError, match=r"policy\.train_micro_batch_size"):
+        load_config(path)
+
+
+def test_missing_model_path_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"policy\.model_name.*not a Hugging Face checkpoint"):
+        load_config(overrides=[f"policy.model_name={tmp_path / 'nope'}"])
+
+
+def test_batch_sizes_must_divide():
+    with pytest.raises(ConfigError, match="train_global_batch_size"):
+        load_config(overrides=["policy.train_global_batch_size=100"])
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+def test_override_syntax():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(overrides=["grpo.max_num_steps"])
