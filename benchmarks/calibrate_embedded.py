@@ -7,7 +7,8 @@ baseline with std normalisation, token-level clipped policy gradient, Adam, no K
 gains +25 points within 60 steps, and at which learning rate.
 
 Example:
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/calibrate_embedded.py --sft-steps 600 --grpo-lr 3e-4
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/calibrate_embedded.py            # recommended defaults
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/calibrate_embedded.py --layers 4 --grpo-lr 3e-4
 Prints one JSON line per evaluation and a final summary line.
 """
 
@@ -29,8 +30,13 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coordinator.embedded.arithmetic import make_arithmetic_splits  # noqa: E402
-from coordinator.embedded.tiny_model import TinyModelSpec, count_parameters, init_tiny_model  # noqa: E402
+from coordinator.embedded.arithmetic import NUM_PROBLEMS, make_arithmetic_splits  # noqa: E402
+from coordinator.embedded.tiny_model import (  # noqa: E402
+    DEFAULT_SPEC,
+    TinyModelSpec,
+    count_parameters,
+    init_tiny_model,
+)
 
 IGNORE = -100
 
@@ -184,13 +190,16 @@ def grpo_step(model, opt, tokenizer, vocab, rows, gen, args) -> dict:
         loss = -(surr * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
     return stats
 
 
 def run_grpo(model, tokenizer, vocab, train, val, args) -> list[float]:
     """GRPO loop with periodic held-out evaluation; returns accuracies per eval."""
-    opt = torch.optim.Adam(model.parameters(), lr=args.grpo_lr)
+    opt = torch.optim.Adam(model.parameters(), lr=args.grpo_lr, betas=(0.9, args.grpo_beta2))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(1, args.grpo_warmup)))
     rng = random.Random(args.seed + 1)
     gen = torch.Generator().manual_seed(args.seed + 2)
     accs = [accuracy(model, tokenizer, vocab, val, args.max_new)]
@@ -199,6 +208,7 @@ def run_grpo(model, tokenizer, vocab, train, val, args) -> list[float]:
     rew = []
     for step in range(1, args.grpo_steps + 1):
         rew.append(grpo_step(model, opt, tokenizer, vocab, rng.sample(train, args.prompts), gen, args)["reward"])
+        sched.step()
         if step % args.grpo_eval_every == 0:
             el = time.perf_counter() - t0
             accs.append(accuracy(model, tokenizer, vocab, val, args.max_new))
@@ -211,30 +221,35 @@ def run_grpo(model, tokenizer, vocab, train, val, args) -> list[float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--inter", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=DEFAULT_SPEC.hidden_size)
+    p.add_argument("--inter", type=int, default=DEFAULT_SPEC.intermediate_size)
+    p.add_argument("--layers", type=int, default=DEFAULT_SPEC.num_layers)
+    p.add_argument("--heads", type=int, default=DEFAULT_SPEC.num_heads)
+    p.add_argument("--kv-heads", type=int, default=DEFAULT_SPEC.num_kv_heads)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--num-val", type=int, default=500)
     p.add_argument("--sft-lr", type=float, default=1e-3)
-    p.add_argument("--sft-bs", type=int, default=64)
-    p.add_argument("--sft-steps", type=int, default=600)
+    p.add_argument("--sft-bs", type=int, default=16)
+    p.add_argument("--sft-steps", type=int, default=2000)
     p.add_argument("--sft-warmup", type=int, default=20)
-    p.add_argument("--sft-cosine", type=int, default=1, help="cosine-decay the SFT lr over --sft-steps")
+    p.add_argument("--sft-cosine", type=int, default=0, help="cosine-decay the SFT lr over --sft-steps")
     p.add_argument("--sft-min-lr-frac", type=float, default=0.1)
     p.add_argument("--sft-eval-every", type=int, default=50)
-    p.add_argument("--sft-target", type=float, default=0.0, help="stop SFT once val acc >= this (0: off)")
-    p.add_argument("--grpo-lr", type=float, default=3e-4)
+    p.add_argument("--sft-target", type=float, default=0.45, help="stop SFT once val acc >= this (0: off)")
+    p.add_argument("--save-sft", default="", help="save the SFT state_dict here (to reuse across GRPO runs)")
+    p.add_argument("--load-sft", default="", help="skip SFT and load this state_dict")
+    p.add_argument("--grpo-lr", type=float, default=2e-4)
     p.add_argument("--grpo-steps", type=int, default=60)
     p.add_argument("--grpo-eval-every", type=int, default=10)
-    p.add_argument("--grpo-epochs", type=int, default=1)
+    p.add_argument("--grpo-epochs", type=int, default=1, help="optimizer steps per sampled batch")
+    p.add_argument("--grpo-warmup", type=int, default=0, help="linear lr warmup steps (0: none)")
+    p.add_argument("--grpo-beta2", type=float, default=0.999)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--clip", type=float, default=0.2)
+    p.add_argument("--grad-clip", type=float, default=0.0, help="GRPO grad-norm clip (0: off)")
     p.add_argument("--max-new", type=int, default=4)
     return p.parse_args(argv)
 
@@ -247,10 +262,16 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = init_tiny_model(spec)
     model.train()
     vocab = Vocab(tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    train, val = make_arithmetic_splits(args.data_seed, 8100 - args.num_val, args.num_val)
+    train, val = make_arithmetic_splits(args.data_seed, NUM_PROBLEMS - args.num_val, args.num_val)
     log({"phase": "setup", "params": count_parameters(model), "spec": vars(args)})
     t0 = time.perf_counter()
-    sft_acc = run_sft(model, tokenizer, vocab, train, val, args)
+    if args.load_sft:
+        model.load_state_dict(torch.load(args.load_sft, weights_only=True))
+        sft_acc = accuracy(model, tokenizer, vocab, val, args.max_new)
+    else:
+        sft_acc = run_sft(model, tokenizer, vocab, train, val, args)
+    if args.save_sft:
+        torch.save(model.state_dict(), args.save_sft)
     sft_s = time.perf_counter() - t0
     accs = run_grpo(model, tokenizer, vocab, train, val, args) if args.grpo_steps else [sft_acc]
     log({"phase": "summary", "sft_acc": sft_acc, "sft_s": round(sft_s, 1), "grpo_accs": accs,

@@ -23,6 +23,7 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
+    from coordinator.launcher import ServiceDied
     from coordinator.run import Run
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -31,6 +32,9 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130
+    except (ServiceDied, TimeoutError) as exc:
+        console.print(f"[red]error:[/] {exc}\n(every service this run started was stopped)")
+        return 1
     before, after = summary.get("accuracy_before"), summary.get("accuracy_after")
     if before is not None and after is not None:
         console.print(f"[bold]held-out accuracy: {before:.1%} before GRPO -> {after:.1%} after "

@@ -22,11 +22,7 @@ from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_step
 from coordinator.config import ExperimentConfig
 from coordinator.data import PromptCursor, Tokens, read_jsonl
-from coordinator.launch import all_registered, launch_all
-from coordinator.launcher import LocalLauncher
 from coordinator.metrics import MetricsLog, plot_curves
-from coordinator.registry import Registry
-from coordinator.server import CoordinatorServer
 from coordinator.services import Services
 from coordinator.status import RunStatus
 from coordinator.validation import validate
@@ -92,27 +88,15 @@ class Run:
         self.console.print(f"[bold]Tandem run[/] {self.run_dir}")
         model_dir, train_path, val_path = prepare_inputs(cfg)
         token = run_token(self.run_dir)
-        registry = Registry(log)
-        server = CoordinatorServer(registry, self.status, host=cfg.cluster.host, port=0, token=token, log=log)
-        launcher = LocalLauncher(self.run_dir / "logs", {"TANDEM_TOKEN": token, "OMP_NUM_THREADS": "1",
-                                                          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                                                          "PYTHONUNBUFFERED": "1"}, log)
-        services = None
+        cluster = LocalCluster(cfg, model_dir, self.run_dir, token, log, self.status)
+        with self.console.status("starting services (trainer, generators, rewards)..."):
+            services = cluster.__enter__()  # stops whatever it started if start-up fails
         try:
-            address = server.start()
-            (self.run_dir / "coordinator.addr").write_text(address)
-            launch_all(cfg, model_dir, self.run_dir, address, launcher)
-            with self.console.status("starting services (trainer, generators, rewards)..."):
-                registry.wait_for(all_registered(cfg), cfg.cluster.startup_timeout_s, check=launcher.check)
             self.timings["startup_s"] = time.perf_counter() - started
             self.console.print(f"services up in {self.timings['startup_s']:.1f}s")
-            services = Services(registry, token, log)
-            summary = self._phases(services, model_dir, train_path, val_path, launcher)
+            summary = self._phases(services, model_dir, train_path, val_path, cluster.launcher.check)
         finally:
-            if services is not None:
-                services.close()
-            launcher.stop_all()
-            server.stop()
+            cluster.close()
             self.metrics.close()
         summary["wall_time_s"] = time.perf_counter() - started
         summary["timings_s"] = self.timings
@@ -122,7 +106,7 @@ class Run:
         return summary
 
     def _phases(self, services: Services, model_dir: str, train_path: Path, val_path: Path | None,
-                launcher: LocalLauncher) -> dict:
+                check_alive) -> dict:
         cfg, log = self.cfg, self.log
         tokens = Tokens(model_dir)
         train = read_jsonl(train_path, cfg.data)
@@ -130,9 +114,6 @@ class Run:
         info = services.trainer.info()
         publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log)
         ctx = LoopContext(cfg, services, tokens, PromptCursor(train, cfg.sft.seed), publisher, log)
-
-        def check_alive():
-            launcher.check()
 
         summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
         if cfg.sft.max_num_steps:

@@ -72,7 +72,11 @@ class CoordinatorServer:
         return self._running.address
 
     def stop(self) -> None:
+        """Stop serving; safe to call more than once."""
+        if not self._thread.is_alive():
+            return
         if self._running is not None:
             asyncio.run_coroutine_threadsafe(self._running.stop(grace_s=1.0), self._loop).result(timeout=10)
+            self._running = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)

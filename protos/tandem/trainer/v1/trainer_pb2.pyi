@@ -57,18 +57,20 @@ class NllLoss(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainStepRequest(_message.Message):
-    __slots__ = ("samples", "grpo", "nll", "global_batch_size", "micro_batch_size")
+    __slots__ = ("samples", "grpo", "nll", "global_batch_size", "micro_batch_size", "learning_rate")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     GRPO_FIELD_NUMBER: _ClassVar[int]
     NLL_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     grpo: GrpoLoss
     nll: NllLoss
     global_batch_size: int
     micro_batch_size: int
-    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ...) -> None: ...
+    learning_rate: float
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "global_step")

@@ -1,0 +1,63 @@
+"""Local mode's cluster: the coordinator's membership server plus every service launched
+as a child process, as one context manager. `Run` uses it; so do the integration tests.
+
+    with LocalCluster(cfg, model_dir, run_dir, token, log) as services:
+        services.trainer.info() ...
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from coordinator.config import ExperimentConfig
+from coordinator.launch import all_registered, launch_all
+from coordinator.launcher import LocalLauncher
+from coordinator.registry import Registry
+from coordinator.server import CoordinatorServer
+from coordinator.services import Services
+from coordinator.status import RunStatus
+
+CHILD_ENV = {
+    "OMP_NUM_THREADS": "1",  # one intra-op thread per rank/service: 2 cores are shared by all of them
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class LocalCluster:
+    def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
+                 status: RunStatus | None = None):
+        self.cfg = cfg
+        self.model_dir = model_dir
+        self.run_dir = run_dir
+        self.log = log
+        self.status = status or RunStatus(run_dir.name)
+        self.registry = Registry(log)
+        self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host, port=0, token=token, log=log)
+        self.launcher = LocalLauncher(run_dir / "logs", {"TANDEM_TOKEN": token, **CHILD_ENV}, log)
+        self.services = Services(self.registry, token, log)
+        self.address = ""
+        self.startup_s = 0.0
+
+    def __enter__(self) -> Services:
+        started = time.perf_counter()
+        try:
+            self.address = self.server.start()
+            (self.run_dir / "coordinator.addr").write_text(self.address)
+            launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
+            self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
+                                   check=self.launcher.check)
+        except BaseException:
+            self.close()
+            raise
+        self.startup_s = time.perf_counter() - started
+        return self.services
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.services.close()
+        self.launcher.stop_all()
+        self.server.stop()

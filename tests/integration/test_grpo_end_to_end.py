@@ -1,0 +1,94 @@
+"""The whole loop on real processes on 127.0.0.1: 2 torchrun trainer ranks, 2 vLLM
+generators, 1 reward service and the coordinator's membership server, started by the same
+code as `tandem run` (LocalCluster)."""
+
+import math
+
+import grpc
+import pytest
+import structlog
+
+from coordinator.algorithms.context import LoopContext
+from coordinator.algorithms.grpo import grpo_step
+from coordinator.algorithms.sft import sft_step
+from coordinator.cluster import LocalCluster
+from coordinator.config import load_config
+from coordinator.data import PromptCursor, Tokens, read_jsonl
+from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
+from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.weights import WeightPublisher
+from generator_svc.client import GeneratorClient
+from generator_svc.types import SamplingConfig
+from tests import procs
+from trainer_svc.client import TrainerClient
+from trainer_svc.types import Sample
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    cfg = load_config(overrides=[
+        "cluster.num_generators=2", "cluster.trainer_ranks=2", f"logger.log_dir={root}", "sft.max_num_steps=20",
+        "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32"])
+    model_dir = str(ensure_tiny_model(root / "cache"))
+    train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 2000, 64)
+    run_dir = root / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    log = structlog.get_logger()
+    cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
+    with cluster as services:
+        info = services.trainer.info()
+        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log)
+        ctx = LoopContext(cfg, services, Tokens(model_dir), PromptCursor(read_jsonl(train_path, cfg.data), 0),
+                          publisher, log)
+        yield ctx, cluster
+
+
+def test_every_service_registered(loop):
+    ctx, cluster = loop
+    kinds = sorted(m.kind for m in cluster.registry.live())
+    assert kinds == ["generator", "generator", "reward", "trainer"]
+    assert ctx.services.trainer.info().world_size == 2
+
+
+def test_sft_then_grpo_steps_complete_on_policy(loop):
+    ctx, _ = loop
+    sft_losses = [sft_step(ctx)["loss"] for _ in range(ctx.cfg.sft.max_num_steps)]
+    assert sft_losses[-1] < sft_losses[0]
+    ctx.publish()
+    for step in range(1, 4):
+        metrics = grpo_step(ctx, step)
+        assert metrics["num_samples"] == 16 * 8
+        assert metrics["weight_version"] == ctx.publisher.version
+        assert metrics["generation_weight_version"] == ctx.publisher.version - 1  # sampled with the previous push
+        # on-policy: generator and trainer logprobs agree, so the multiplicative error is ~1
+        assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
+        assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+def test_weight_push_reaches_every_generator_exactly(loop):
+    ctx, _ = loop
+    ctx.publish()
+    prompt = ctx.tokens.prompt("37+45=")
+    greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=6, seed=0)
+    for handle in ctx.services.generators():
+        assert handle.client.info().weight_version == ctx.publisher.version
+        completion = next(iter(handle.client.generate([prompt], greedy, request_id="check", timeout_s=60)))
+        assert completion.weight_version == ctx.publisher.version
+        trainer_lps = ctx.services.trainer.logprobs(
+            [Sample(token_ids=prompt + list(completion.token_ids), prompt_length=len(prompt))], micro_batch_size=1)[0]
+        assert len(trainer_lps) == len(completion.logprobs)
+        assert max(abs(a - b) for a, b in zip(trainer_lps, completion.logprobs)) < 1e-4
+
+
+def test_calls_without_the_token_are_refused(loop):
+    _, cluster = loop
+    for member in cluster.registry.live():
+        client = {"trainer": TrainerClient, "generator": GeneratorClient}.get(member.kind)
+        if client is None:
+            continue
+        with pytest.raises(grpc.RpcError) as err:
+            client(member.address, None).info()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
