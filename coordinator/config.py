@@ -109,12 +109,17 @@ class GRPOConfig(_Section):
 
 
 class SFTConfig(_Section):
-    max_num_steps: int = Field(120, ge=0)
-    """SFT steps before GRPO (the warm start); 0 skips SFT."""
-    global_batch_size: int = Field(64, gt=0)
+    max_num_steps: int = Field(2000, ge=0)
+    """Most SFT optimizer steps before GRPO (the warm start); 0 skips SFT."""
+    global_batch_size: int = Field(16, gt=0)
+    """Samples per SFT optimizer step."""
     micro_batch_size: int = Field(64, gt=0)
-    lr: float | None = Field(3e-3, gt=0)
+    lr: float | None = Field(1e-3, gt=0)
     """Learning rate of the SFT phase (None: policy.optimizer.kwargs.lr)."""
+    val_period: int = Field(50, gt=0)
+    """Optimizer steps per trainer call; the held-out accuracy is checked after each."""
+    stop_at_accuracy: float | None = Field(0.45, gt=0, le=1)
+    """Stop the warm start once held-out accuracy reaches this (None: run max_num_steps)."""
     seed: int = 7
 
 

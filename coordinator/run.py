@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from coordinator import checkpoint
 from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
-from coordinator.algorithms.sft import sft_step
+from coordinator.algorithms.sft import sft_steps
 from coordinator.config import ExperimentConfig
 from coordinator.data import PromptCursor, Tokens, read_jsonl
 from coordinator.metrics import MetricsLog, plot_curves
@@ -80,6 +80,7 @@ class Run:
         self.status = RunStatus(self.run_dir.name)
         self.metrics = MetricsLog(self.run_dir, cfg.logger.tensorboard_enabled)
         self.timings: dict[str, float] = {}
+        self.sft_steps = 0
 
     def execute(self) -> dict:
         cfg, log = self.cfg, self.log
@@ -116,13 +117,15 @@ class Run:
         ctx = LoopContext(cfg, services, tokens, PromptCursor(train, cfg.sft.seed), publisher, log)
 
         summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
-        if cfg.sft.max_num_steps:
-            clock = time.perf_counter()
-            self._loop("sft", cfg.sft.max_num_steps, lambda step: sft_step(ctx), check_alive)
-            self.timings["sft_s"] = time.perf_counter() - clock
         clock = time.perf_counter()
-        ctx.publish()  # generators start from the (warmed-up) trainer weights
-        accuracy_start = self._validate(ctx, val, step=0) if val else None
+        accuracy_start = self._warm_start(ctx, val, check_alive) if cfg.sft.max_num_steps else None
+        self.timings["sft_s"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        if accuracy_start is None and val:
+            ctx.publish()
+            accuracy_start = self._validate(ctx, val, step=0)
+        elif accuracy_start is not None:
+            self.metrics.log("val", 0, {"accuracy": accuracy_start})  # GRPO's starting point, for the plot
         summary["accuracy_before"] = accuracy_start
         ctx.cursor = PromptCursor(train, cfg.grpo.seed)
         if cfg.grpo.max_num_steps:
@@ -136,17 +139,43 @@ class Run:
             self._loop("grpo", cfg.grpo.max_num_steps, step_fn, check_alive)
         accuracy_end = self._validate(ctx, val, step=cfg.grpo.max_num_steps) if val else None
         self.timings["grpo_s"] = time.perf_counter() - clock
-        summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=cfg.sft.max_num_steps,
+        summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
                        samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
                        weight_version=ctx.publisher.version)
         if cfg.logger.plot_enabled:
             summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png"))
         return summary
 
-    def _validate(self, ctx: LoopContext, val, step: int) -> float:
+    def _warm_start(self, ctx: LoopContext, val, check_alive) -> float | None:
+        """SFT in calls of sft.val_period steps; after each, publish and check held-out
+        accuracy, stopping once it reaches sft.stop_at_accuracy. Returns the last accuracy."""
+        cfg = self.cfg.sft
+        done, accuracy = 0, None
+        chunks = -(-cfg.max_num_steps // cfg.val_period)
+
+        def chunk(_: int) -> dict:
+            nonlocal done, accuracy
+            size = min(cfg.val_period, cfg.max_num_steps - done)
+            metrics = sft_steps(ctx, size)
+            done += size
+            ctx.publish()
+            if val:
+                accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=0, phase="sft_val")
+            metrics["sft_steps"] = float(done)
+            return metrics
+
+        def finished(metrics: dict) -> bool:
+            return cfg.stop_at_accuracy is not None and metrics.get("val_accuracy", 0.0) >= cfg.stop_at_accuracy
+
+        self._loop("sft", chunks, chunk, check_alive, stop=finished)
+        self.sft_steps = done
+        self.log.info("warm_start_done", sft_steps=done, accuracy=accuracy)
+        return accuracy
+
+    def _validate(self, ctx: LoopContext, val, step: int, phase: str = "val") -> float:
         self.status.update(phase="validate")
         result = validate(ctx.services, ctx.tokens, val, self.cfg.policy.generation.max_new_tokens, self.log)
-        self.metrics.log("val", step, result)
+        self.metrics.log(phase, step, result)
         self.log.info("validation", step=step, **result)
         return result["accuracy"]
 
@@ -156,7 +185,7 @@ class Run:
                  "metrics": self.metrics.history}
         checkpoint.save(root, step, state, ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log)
 
-    def _loop(self, phase: str, num_steps: int, step_fn, check_alive) -> None:
+    def _loop(self, phase: str, num_steps: int, step_fn, check_alive, stop=lambda metrics: False) -> None:
         self.status.update(phase=phase, step=0, total_steps=num_steps)
         columns = [TextColumn(f"[bold]{phase:>4}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}")]
@@ -170,8 +199,11 @@ class Run:
                 self.status.update(step=step, last_metrics=metrics, weight_version=int(metrics.get("weight_version", 0)))
                 self.log.info("step", phase=phase, step=step, **{k: round(v, 5) for k, v in metrics.items()})
                 progress.update(task, advance=1, description=_describe(metrics))
+                if stop(metrics):
+                    progress.update(task, total=step)
+                    break
 
 
 def _describe(metrics: dict[str, float]) -> str:
-    keys = [("loss", "loss"), ("reward_mean", "reward"), ("val_accuracy", "val acc"), ("kl", "kl")]
+    keys = [("loss", "loss"), ("reward_mean", "reward"), ("val_accuracy", "held-out acc"), ("kl", "kl")]
     return "  ".join(f"{label} {metrics[key]:.3f}" for key, label in keys if key in metrics)

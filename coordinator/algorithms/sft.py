@@ -1,5 +1,6 @@
 """SFT: supervised steps on prompt -> answer pairs (the GRPO warm start), through the
-same trainer service; no generator is needed until the weights are published."""
+same trainer service. One call trains `num_steps` optimizer steps of `global_batch_size`
+samples each, so a long warm start costs few round trips."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from coordinator.algorithms.context import LoopContext
 from trainer_svc.types import NllLossConfig, Sample
 
 
-def sft_step(ctx: LoopContext) -> dict[str, float]:
+def sft_steps(ctx: LoopContext, num_steps: int) -> dict[str, float]:
     cfg = ctx.cfg.sft
-    batch = ctx.cursor.next_batch(cfg.global_batch_size)
+    batch = ctx.cursor.next_batch(cfg.global_batch_size * num_steps)
     samples = []
     for example in batch:
         prompt = ctx.tokens.prompt(example.prompt)

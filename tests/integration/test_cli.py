@@ -52,7 +52,7 @@ def test_malformed_config_is_one_clear_error_and_starts_nothing(tmp_path):
 
 
 def test_short_job_writes_summary_plot_checkpoint_and_stops_everything(tmp_path):
-    proc = _tandem("run", "sft.max_num_steps=15", "grpo.max_num_steps=2", "grpo.val_period=1",
+    proc = _tandem("run", "sft.max_num_steps=40", "sft.val_period=20", "grpo.max_num_steps=2", "grpo.val_period=1",
                    "grpo.max_val_samples=32", "checkpointing.save_period=2", "logger.log_dir=runs",
                    "logger.run_name=short", cwd=tmp_path, env_home=tmp_path / "home")
     out, _ = proc.communicate(timeout=600)

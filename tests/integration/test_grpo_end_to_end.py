@@ -10,7 +10,7 @@ import structlog
 
 from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
-from coordinator.algorithms.sft import sft_step
+from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster import LocalCluster
 from coordinator.config import load_config
 from coordinator.data import PromptCursor, Tokens, read_jsonl
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 def loop(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     cfg = load_config(overrides=[
-        "cluster.num_generators=2", "cluster.trainer_ranks=2", f"logger.log_dir={root}", "sft.max_num_steps=20",
+        "cluster.num_generators=2", "cluster.trainer_ranks=2", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32"])
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 2000, 64)
@@ -55,7 +55,7 @@ def test_every_service_registered(loop):
 
 def test_sft_then_grpo_steps_complete_on_policy(loop):
     ctx, _ = loop
-    sft_losses = [sft_step(ctx)["loss"] for _ in range(ctx.cfg.sft.max_num_steps)]
+    sft_losses = [sft_steps(ctx, 10)["loss"] for _ in range(3)]
     assert sft_losses[-1] < sft_losses[0]
     ctx.publish()
     for step in range(1, 4):

@@ -1,0 +1,53 @@
+"""Entry point, run by torchrun on every rank:
+
+    torchrun --standalone --nproc-per-node N -m trainer_svc --settings trainer.json \\
+        [--host H] [--port P] [--coordinator HOST:PORT] [--address-file PATH]
+
+Rank 0 serves gRPC and drives the others; ranks > 0 follow its commands until it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from tandem import service
+from tandem.logs import configure_logging
+from tandem.rpc import TokenMissing, load_token
+from trainer_svc.config import TrainerSettings
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = service.parse_args("Tandem trainer service (run under torchrun)", argv)
+    if args.settings is None:
+        raise SystemExit("--settings PATH is required (a JSON file of trainer_svc.config.TrainerSettings)")
+    settings = service.load_settings(args.settings, TrainerSettings)
+    try:
+        token = load_token()
+    except TokenMissing as exc:
+        raise SystemExit(f"trainer_svc: {exc}") from None
+    log = configure_logging("trainer_svc").bind(rank=int(os.environ.get("RANK", "0")))
+    log.info("settings", **settings.model_dump(mode="json"))
+
+    from trainer_svc.engine import build_engine  # torch and transformers load after the arguments are checked
+
+    engine = build_engine(settings, log)
+    if engine.is_leader:
+        from trainer_svc.server import serve
+
+        try:
+            asyncio.run(serve(engine, args, token, log))
+        finally:
+            engine.close()
+    else:
+        # torchrun signals every rank; the followers keep running until rank 0 (signalled too)
+        # has stopped serving and sends Shutdown, so nothing is cut off mid-collective.
+        signal.signal(signal.SIGTERM, lambda *_: log.info("sigterm_waiting_for_rank0"))
+        signal.signal(signal.SIGINT, lambda *_: log.info("sigint_waiting_for_rank0"))
+        engine.follow()
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""DTensorBackend: logprobs, GRPO/NLL optimizer steps, full-state gather and DCP checkpoints
+for an FSDP2-sharded HF causal LM (conventions in `trainer_svc.interfaces`).
+
+The reference policy is the initial weights, kept as a second copy of this rank's shards and
+swapped into the live parameters (in place, exactly) for the duration of a reference pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from trainer_svc.backends.dtensor import checkpoint
+from trainer_svc.backends.dtensor.model import load_sharded_policy
+from trainer_svc.batching import (
+    MicroBatch,
+    collate,
+    completion_logprobs,
+    count_loss_tokens,
+    micro_batches,
+    optimizer_steps,
+    rank_shard,
+    token_logprobs,
+)
+from trainer_svc.config import TrainerSettings
+from trainer_svc.distributed import DistEnv
+from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, masked_entropy_sum
+from trainer_svc.types import LossConfig, Policy, Sample, StepResult
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+class DTensorBackend:
+    """The FSDP2 backend over all ranks of the default process group (1-D mesh "dp")."""
+
+    backend_kind = "dtensor"
+
+    def __init__(self, settings: TrainerSettings, env: DistEnv):
+        torch.manual_seed(settings.seed)
+        self._env = env
+        self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
+        mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
+        policy = load_sharded_policy(settings.model_name, env=env, mesh=mesh,
+                                     compute_dtype=getattr(torch, settings.dtype),
+                                     activation_checkpointing=settings.dtensor_cfg.activation_checkpointing)
+        self._model = policy.model
+        self._pad_id = policy.pad_id
+        self.vocab_size = policy.vocab_size
+        self.num_parameters = policy.num_parameters
+        self.hf_tensor_shapes = policy.hf_tensor_shapes
+        self.checkpoint_dtype = policy.checkpoint_dtype
+        opt = settings.optimizer
+        self._params = [p for p in self._model.parameters() if p.requires_grad]
+        self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                                            weight_decay=opt.weight_decay)
+        self._max_grad_norm = settings.max_grad_norm or math.inf
+        with torch.no_grad():
+            self._reference = [_local(p).detach().clone() for p in self._params]
+        self.global_step = 0
+
+    # ------------------------------------------------------------------ logprobs
+
+    def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
+                         micro_batch_size: int) -> list[list[float]] | None:
+        shard = rank_shard(samples, self.rank, self.world_size)
+        # Every rank runs the same number of forwards (each is a collective); a rank short of
+        # samples runs a throwaway one-token batch.
+        num_micro = _ceil_div(_ceil_div(len(samples), self.world_size), micro_batch_size)
+        filler = Sample((self._pad_id, self._pad_id), 1)
+        results: list[list[float]] = []
+        with self._policy_weights(policy):
+            for i in range(num_micro):
+                chunk = shard[i * micro_batch_size:(i + 1) * micro_batch_size]
+                batch = collate(chunk or [filler], self._pad_id, self.device)
+                logprobs = self._score(batch)
+                if chunk:
+                    results.extend(completion_logprobs(logprobs, batch))
+        gathered: list | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(results, gathered, dst=0, group=self._env.cpu_group)
+        return [row for part in gathered for row in part] if gathered is not None else None
+
+    @contextmanager
+    def _policy_weights(self, policy: Policy) -> Iterator[None]:
+        """Within the block the parameters hold `policy`'s weights."""
+        if policy == "current":
+            yield
+            return
+        self._swap_reference()
+        try:
+            yield
+        finally:
+            self._swap_reference()
+
+    @torch.no_grad()
+    def _swap_reference(self) -> None:
+        for param, ref in zip(self._params, self._reference):
+            live = _local(param)
+            tmp = live.clone()
+            live.copy_(ref)
+            ref.copy_(tmp)
+
+    def _logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self._model(input_ids=input_ids, use_cache=False).logits
+
+    @torch.no_grad()
+    def _score(self, batch: MicroBatch) -> torch.Tensor:
+        self._model.eval()
+        return token_logprobs(self._logits(batch.input_ids), batch.input_ids)
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
+                   micro_batch_size: int, learning_rate: float | None) -> StepResult:
+        with self._learning_rate(learning_rate):
+            return self._train_step(samples, loss, global_batch_size, micro_batch_size)
+
+    @contextmanager
+    def _learning_rate(self, learning_rate: float | None) -> Iterator[None]:
+        groups = self._optimizer.param_groups
+        configured = [g["lr"] for g in groups]
+        if learning_rate is not None:
+            for g in groups:
+                g["lr"] = learning_rate
+        try:
+            yield
+        finally:
+            for g, lr in zip(groups, configured):
+                g["lr"] = lr
+
+    def _train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
+                    micro_batch_size: int) -> StepResult:
+        loss_fn = build_loss_fn(loss)
+        steps = optimizer_steps(samples, global_batch_size)
+        local = [[collate(mb, self._pad_id, self.device)
+                  for mb in micro_batches(rank_shard(step, self.rank, self.world_size), micro_batch_size)]
+                 for step in steps]
+        prev = [[self._score(b) for b in step] for step in local] if loss_fn.needs_previous_logprobs else None
+        ref = None
+        if loss_fn.needs_reference_logprobs:
+            with self._policy_weights("reference"):
+                ref = [[self._score(b) for b in step] for step in local]
+        per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step),
+                                         prev[s] if prev else None, ref[s] if ref else None)
+                    for s, (step, batches) in enumerate(zip(steps, local))]
+        metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
+        metrics["num_tokens"] = float(sum(m["num_tokens"] for m in per_step))
+        return StepResult(metrics, self.global_step)
+
+    def _optimizer_step(self, batches: list[MicroBatch], loss_fn: LossFn, num_tokens: int,
+                        prev: list[torch.Tensor] | None, ref: list[torch.Tensor] | None) -> dict[str, float]:
+        self._model.train()
+        self._optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, torch.Tensor] = {}
+        for i, batch in enumerate(batches):
+            logits = self._logits(batch.input_ids)
+            curr = token_logprobs(logits, batch.input_ids)
+            inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None,
+                                batch.generation_logprobs, ref[i] if ref else None)
+            out = loss_fn(curr, inputs, num_tokens)
+            out.loss.backward()
+            step_metrics = {**out.metrics,
+                            "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}
+            for name, value in step_metrics.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float()
+            del logits, curr, out
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self._max_grad_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        self._optimizer.step()
+        self.global_step += 1
+        names = sorted(sums)
+        totals = torch.stack([sums[n] for n in names]).to(self.device)
+        dist.all_reduce(totals)  # metrics are globally normalised: summing over ranks gives the means
+        metrics = dict(zip(names, totals.tolist()))
+        metrics.update(grad_norm=float(grad_norm), lr=float(self._optimizer.param_groups[0]["lr"]),
+                       num_tokens=float(num_tokens))
+        return metrics
+
+    # ------------------------------------------------------------------ state
+
+    def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        full = get_model_state_dict(self._model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        return {name: full[name] for name in self.hf_tensor_shapes}
+
+    def save_checkpoint(self, path: Path) -> None:
+        checkpoint.save_checkpoint(path, self._model, self._optimizer, rank=self.rank,
+                                   world_size=self.world_size, global_step=self.global_step)
+        dist.barrier(group=self._env.cpu_group)
+
+    def load_checkpoint(self, path: Path) -> int:
+        if not checkpoint.is_checkpoint(path):  # every rank raises before any collective
+            raise ValueError(f"no trainer checkpoint at {path}")
+        self.global_step = checkpoint.load_checkpoint(path, self._model, self._optimizer, rank=self.rank)
+        return self.global_step
+
+    def close(self) -> None:
+        self._optimizer.zero_grad(set_to_none=True)
+        self._reference.clear()

@@ -1,0 +1,123 @@
+"""Build the sharded policy from an HF checkpoint directory.
+
+Order (each step is needed by the next):
+1. Every rank builds the architecture on the meta device (no memory, no init cost).
+2. Activation checkpointing wraps each decoder layer (before sharding, as FSDP2 requires).
+3. `fully_shard` each decoder layer, then the root, on a 1-D mesh over all ranks. The root
+   reshards after forward too (FSDP2 keeps it unsharded by default), so swapping the
+   sharded storage (reference policy) never leaves stale gathered weights behind.
+4. `to_empty` allocates this rank's shards; rank 0 loads the checkpoint and
+   `set_model_state_dict(broadcast_from_rank0=True)` scatters it.
+5. Non-persistent buffers (rotary `inv_freq`) are not in any state dict and `to_empty`
+   leaves them as garbage: rank 0 copies them from its loaded model and broadcasts them.
+6. Gradients are reduced as a plain SUM (divide factor 1): losses are normalised globally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from trainer_svc.distributed import DistEnv
+
+
+@dataclass
+class ShardedPolicy:
+    """The policy module (FSDP2) and the facts about it that the engine reports."""
+
+    model: nn.Module
+    vocab_size: int
+    pad_id: int
+    hf_tensor_shapes: dict[str, tuple[int, ...]]
+    num_parameters: int
+    checkpoint_dtype: torch.dtype
+
+
+def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, compute_dtype: torch.dtype,
+                        activation_checkpointing: bool) -> ShardedPolicy:
+    """Load `model_dir` (any AutoModelForCausalLM checkpoint) sharded over `mesh`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not (Path(model_dir) / "config.json").is_file():
+        raise ValueError(f"model_name {model_dir!r} is not an HF checkpoint directory (no config.json)")
+    config = AutoConfig.from_pretrained(model_dir)
+    checkpoint_dtype = _config_dtype(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf_shapes = _hf_tensor_shapes(model)
+    num_parameters = sum(p.numel() for p in model.parameters())
+    vocab_size = int(model.get_input_embeddings().weight.shape[0])
+    buffers = [(f"{mod_name}.{b}" if mod_name else b, module, b) for mod_name, module in model.named_modules()
+               for b in module._non_persistent_buffers_set if module._buffers.get(b) is not None]
+    layers = _decoder_layers(model)
+    if activation_checkpointing:
+        layer_ids = {id(layer) for layer in layers}
+        apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda m: id(m) in layer_ids)
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    model.to_empty(device=env.device)
+
+    full_state, full_buffers = {}, {}
+    if env.rank == 0:
+        loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        full_state = loaded.state_dict()
+        full_buffers = dict(loaded.named_buffers())
+    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name, module, buffer_name in buffers:
+            tensor = module._buffers[buffer_name]
+            if env.rank == 0:
+                tensor.copy_(full_buffers[name])
+            dist.broadcast(tensor, src=0)
+    del full_state, full_buffers
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+    pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
+    return ShardedPolicy(model, vocab_size, pad_id, hf_shapes, num_parameters, checkpoint_dtype)
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks HF names in `_no_split_modules` (e.g. LlamaDecoderLayer)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} declares no decoder-layer class (_no_split_modules); "
+                         "cannot shard it per layer")
+    return layers
+
+
+def _hf_tensor_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """State-dict names and shapes, leaving out tied duplicates (as save_pretrained does)."""
+    seen: set[int] = set()
+    shapes = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        shapes[name] = tuple(tensor.shape)
+    return shapes
+
+
+def _config_dtype(config) -> torch.dtype:
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+

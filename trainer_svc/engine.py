@@ -1,0 +1,216 @@
+"""TrainerEngine: the trainer's domain object (no gRPC).
+
+On rank 0 each public method validates its arguments, then runs one command on every rank
+through the lockstep channel; ranks > 0 run the same commands in `follow()`. Only rank 0
+calls the public methods; their results are rank 0's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tandem.rpc import FailedPrecondition
+from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, iter_plan_tensors, make_bucket_plan
+from trainer_svc.backends import build_backend
+from trainer_svc.batching import validate_samples, validate_train_layout
+from trainer_svc.config import TrainerSettings
+from trainer_svc.distributed import close_distributed, init_distributed
+from trainer_svc.hf import model_fingerprint, write_hf_checkpoint
+from trainer_svc.interfaces import TrainerBackend
+from trainer_svc.lockstep import Lockstep
+from trainer_svc.types import (
+    GrpoLossConfig,
+    LossConfig,
+    NllLossConfig,
+    Policy,
+    PublishResult,
+    Sample,
+    StepResult,
+    TrainerInfo,
+)
+
+
+@dataclass(frozen=True)
+class _ComputeLogprobs:
+    samples: tuple[Sample, ...]
+    policy: Policy
+    micro_batch_size: int
+
+
+@dataclass(frozen=True)
+class _TrainStep:
+    samples: tuple[Sample, ...]
+    loss: LossConfig
+    global_batch_size: int
+    micro_batch_size: int
+    learning_rate: float | None
+
+
+@dataclass(frozen=True)
+class _PublishWeights:
+    group: GroupSpec
+    version: int
+
+
+@dataclass(frozen=True)
+class _SaveCheckpoint:
+    path: Path
+
+
+@dataclass(frozen=True)
+class _LoadCheckpoint:
+    path: Path
+
+
+@dataclass(frozen=True)
+class _ExportHf:
+    path: Path
+
+
+class TrainerEngine:
+    """Drives a TrainerBackend on every rank; rank 0 also owns the WeightSender."""
+
+    def __init__(self, backend: TrainerBackend, lockstep: Lockstep, *, model_name: str, plan: BucketPlan,
+                 sender: WeightSender | None, fingerprint: str, log: Any):
+        self._backend = backend
+        self._lockstep = lockstep
+        self._model_name = model_name
+        self._plan = plan
+        self._sender = sender
+        self._fingerprint = fingerprint
+        self._log = log
+        self.weight_version = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self._backend.rank == 0
+
+    # ------------------------------------------------------------------ rank 0 API
+
+    def info(self) -> TrainerInfo:
+        return TrainerInfo(
+            model_name=self._model_name, model_fingerprint=self._fingerprint, backend=self._backend.backend_kind,
+            world_size=self._backend.world_size, device_type=self._backend.device.type,
+            weight_sync_store_address=self._sender.address if self._sender else "", bucket_plan=self._plan,
+            num_parameters=self._backend.num_parameters, global_step=self._backend.global_step)
+
+    def logprobs(self, samples: Sequence[Sample], policy: Policy, micro_batch_size: int) -> list[list[float]]:
+        if policy not in ("current", "reference"):
+            raise ValueError(f"policy must be 'current' or 'reference', got {policy!r}")
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
+        validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=False)
+        return self._run(_ComputeLogprobs(tuple(samples), policy, micro_batch_size))
+
+    def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
+                   micro_batch_size: int, learning_rate: float | None = None) -> StepResult:
+        """Optimizer steps over `samples`; learning_rate overrides the configured one for this call."""
+        if not isinstance(loss, GrpoLossConfig | NllLossConfig):
+            raise ValueError(f"unknown loss {type(loss).__name__}")
+        validate_samples(samples, self._backend.vocab_size,
+                         need_generation_logprobs=isinstance(loss, GrpoLossConfig))
+        validate_train_layout(len(samples), global_batch_size, micro_batch_size, self._backend.world_size)
+        if learning_rate is not None and not learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        result = self._run(_TrainStep(tuple(samples), loss, global_batch_size, micro_batch_size, learning_rate))
+        self._log.info("train_step", global_step=result.global_step, **{k: round(v, 6) for k, v in result.metrics.items()})
+        return result
+
+    def publish_weights(self, group: GroupSpec, version: int) -> PublishResult:
+        if group.world_size < 2:
+            raise ValueError("a weight-sync group needs the trainer and at least one receiver")
+        start = time.perf_counter()
+        bytes_sent = self._run(_PublishWeights(group, version))
+        self.weight_version = version
+        result = PublishResult(bytes_sent, int((time.perf_counter() - start) * 1000))
+        self._log.info("weights_published", version=version, epoch=group.epoch, bytes=bytes_sent,
+                       duration_ms=result.duration_ms)
+        return result
+
+    def save_checkpoint(self, path: str) -> int:
+        """Returns the wall time in milliseconds."""
+        if not path:
+            raise ValueError("checkpoint path is empty")
+        start = time.perf_counter()
+        self._run(_SaveCheckpoint(Path(path).expanduser().absolute()))
+        return int((time.perf_counter() - start) * 1000)
+
+    def load_checkpoint(self, path: str) -> int:
+        if not path:
+            raise ValueError("checkpoint path is empty")
+        return self._run(_LoadCheckpoint(Path(path).expanduser().absolute()))
+
+    def export_hf(self, path: str) -> int:
+        if not path:
+            raise ValueError("export path is empty")
+        return self._run(_ExportHf(Path(path).expanduser().absolute()))
+
+    def close(self) -> None:
+        """Rank 0: release the followers, then the sender and the process groups."""
+        if self.is_leader:
+            self._lockstep.shutdown()
+            if self._sender is not None:
+                self._sender.close()
+        self._backend.close()
+        close_distributed()
+
+    # ------------------------------------------------------------------ every rank
+
+    def follow(self) -> None:
+        """Ranks > 0: run rank 0's commands until it shuts down."""
+        self._lockstep.follow(self._execute, lambda exc: self._log.error("command_failed", exc_info=exc))
+
+    def _run(self, command: Any) -> Any:
+        if not self.is_leader:
+            raise FailedPrecondition("only trainer rank 0 takes calls")
+        return self._lockstep.run(command, self._execute)
+
+    def _execute(self, command: Any) -> Any:
+        backend = self._backend
+        match command:
+            case _ComputeLogprobs(samples, policy, micro_batch_size):
+                return backend.compute_logprobs(samples, policy, micro_batch_size)
+            case _TrainStep(samples, loss, global_batch_size, micro_batch_size, learning_rate):
+                return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
+            case _PublishWeights(group, version):
+                state = backend.gather_hf_state_dict()
+                if self._sender is None:
+                    return 0
+                try:
+                    return self._sender.send(group, version, self._plan, iter_plan_tensors(self._plan, state))
+                except RuntimeError as exc:  # gloo/NCCL timeouts and dead peers: the group is unreachable
+                    raise ConnectionError(f"weight broadcast to epoch {group.epoch} failed: {exc}") from exc
+            case _SaveCheckpoint(path):
+                return backend.save_checkpoint(path)
+            case _LoadCheckpoint(path):
+                return backend.load_checkpoint(path)
+            case _ExportHf(path):
+                state = backend.gather_hf_state_dict()
+                if state is None:
+                    return 0
+                return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=backend.checkpoint_dtype)
+        raise TypeError(f"unknown command {type(command).__name__}")
+
+
+def build_engine(settings: TrainerSettings, log: Any) -> TrainerEngine:
+    """Join the torchrun world, load the backend, and (rank 0) start the weight-sync store."""
+    env = init_distributed(settings.lockstep_timeout_s)
+    backend = build_backend(settings, env)
+    sync_dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
+                  else getattr(torch, settings.weight_sync_dtype))
+    plan = make_bucket_plan(((name, shape, sync_dtype) for name, shape in backend.hf_tensor_shapes.items()),
+                            settings.weight_sync_bucket_bytes)
+    sender, fingerprint = None, ""
+    if env.rank == 0:
+        sender = WeightSender(host=settings.weight_sync_host, device=env.device)
+        fingerprint = model_fingerprint(settings.model_name, backend.hf_tensor_shapes)
+    log.info("trainer_ready", world_size=env.world_size, device=str(env.device),
+             num_parameters=backend.num_parameters, plan_bytes=plan.total_bytes)
+    return TrainerEngine(backend, Lockstep(env.cpu_group, env.rank, env.world_size), model_name=settings.model_name,
+                         plan=plan, sender=sender, fingerprint=fingerprint, log=log)

@@ -1,0 +1,77 @@
+"""Hugging Face checkpoint files: the model fingerprint and writing an exported checkpoint.
+
+No torch.distributed here: these run on rank 0 over plain full tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5")
+SHARD_BYTES = 5 << 30  # as save_pretrained's default max_shard_size
+
+
+def model_fingerprint(model_dir: str | Path, fallback_shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """sha256 of config.json's bytes and the checkpoint's tensor names and shapes (sorted).
+
+    Names/shapes come from the safetensors headers (cheap: no tensor is read); a checkpoint
+    without safetensors files uses `fallback_shapes` (the model's state-dict shapes).
+    """
+    root = Path(model_dir)
+    digest = hashlib.sha256((root / "config.json").read_bytes())
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(root.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = list(f.get_slice(name).get_shape())
+    if not shapes:
+        shapes = {n: list(s) for n, s in fallback_shapes.items()}
+    digest.update(json.dumps(sorted(shapes.items())).encode())
+    return digest.hexdigest()
+
+
+def write_hf_checkpoint(state: Mapping[str, torch.Tensor], out_dir: str | Path, *, source_dir: str | Path,
+                        dtype: torch.dtype) -> int:
+    """Write `state` as safetensors in `dtype` plus the source's non-weight files (config,
+    tokenizer, generation config); returns the number of tensors written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source = Path(source_dir)
+    for file in source.iterdir():
+        if file.is_file() and not file.name.endswith(WEIGHT_SUFFIXES) and not file.name.endswith(".index.json"):
+            shutil.copy2(file, out / file.name)
+    tensors = {name: t.detach().to(dtype=dtype, device="cpu").contiguous() for name, t in state.items()}
+    shards = _split(tensors)
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return len(tensors)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update({tensor_name: name for tensor_name in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return len(tensors)
+
+
+def _split(tensors: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards

@@ -1,0 +1,89 @@
+"""The contract between the trainer engine and a training backend (DTensor/FSDP2, Megatron).
+
+Every method is SPMD: the engine calls it on every rank, in the same order, with the same
+arguments (the whole batch on every rank); the backend takes its own shard. Results that
+the caller needs come back on rank 0 only (None elsewhere).
+
+Tensor and batch conventions:
+- Samples are right-padded within a micro-batch; attention is causal, so real tokens never
+  see padding (no attention mask).
+- Logprob alignment: for a sample with prompt length P,
+  `logprobs[i] = log p(token_ids[P + i] | token_ids[:P + i])`, one per completion token
+  (len(token_ids) - P values), computed in float32 from the logits.
+- Inside a backend, token-aligned tensors are [B, T-1] with column j holding token j+1
+  (see `trainer_svc.batching` and `trainer_svc.losses`).
+- Loss normalisation is global: each micro-batch divides its masked token sum by the number
+  of masked-in tokens of the whole optimizer step on all ranks, and gradients are SUMMED
+  across ranks, so results do not depend on the split into micro-batches or ranks.
+- Full state dicts use Hugging Face parameter names and full (unsharded) CPU tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+from trainer_svc.types import LossConfig, Policy, Sample, StepResult
+
+
+class TrainerBackend(Protocol):
+    """A policy (and its frozen reference) trained over all ranks of the default process group."""
+
+    rank: int
+    """This process's rank in the trainer's world."""
+    world_size: int
+    """Number of torchrun ranks."""
+    device: torch.device
+    """Device of this rank's compute."""
+    backend_kind: Literal["dtensor", "megatron"]
+    """Which backend this is (reported by GetInfo)."""
+    vocab_size: int
+    """Size of the model's vocabulary; token ids must lie in [0, vocab_size)."""
+    num_parameters: int
+    """Number of (unique) parameters of the policy."""
+    hf_tensor_shapes: dict[str, tuple[int, ...]]
+    """HF names and full shapes of the tensors that `gather_hf_state_dict` returns, in order
+    (tied duplicates left out, as `save_pretrained` does)."""
+    checkpoint_dtype: torch.dtype
+    """dtype of the loaded HF checkpoint (what an export writes)."""
+    global_step: int
+    """Optimizer steps taken since the start or the loaded checkpoint."""
+
+    def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
+                         micro_batch_size: int) -> list[list[float]] | None:
+        """Completion-token logprobs of every sample (alignment above) under `policy`.
+
+        Samples are split across ranks; rank 0 returns one list per sample, in order.
+        """
+        ...
+
+    def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
+                   micro_batch_size: int, learning_rate: float | None) -> StepResult:
+        """len(samples) / global_batch_size optimizer steps over consecutive slices, at
+        `learning_rate` (None: the configured one; the configured one applies again after).
+
+        First the previous-policy (and, if the loss needs them, reference) logprobs of the
+        whole batch are computed with the weights at entry; then each optimizer step runs
+        forward/backward over this rank's micro-batches, clips and steps. Metrics are
+        averaged over optimizer steps (num_tokens summed), identical on every rank.
+        """
+        ...
+
+    def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective: full CPU tensors of the current policy in HF names on rank 0, else None."""
+        ...
+
+    def save_checkpoint(self, path: Path) -> None:
+        """Collective: write model, optimizer, RNG and step (sharded) into directory `path`."""
+        ...
+
+    def load_checkpoint(self, path: Path) -> int:
+        """Collective: restore what `save_checkpoint` wrote; returns the restored global step."""
+        ...
+
+    def close(self) -> None:
+        """Drop what the backend holds (before the process groups are destroyed); it is unusable afterwards."""
+        ...

@@ -1,0 +1,66 @@
+"""Loss functions of the trainer: pure functions over token-aligned tensors.
+
+Layout of every tensor argument: [B, T-1] for a right-padded micro-batch of B sequences of
+padded length T; column j holds the quantity of token j+1 (the token predicted from the
+prefix 0..j). `mask` is 1 exactly on the completion tokens that are trained on.
+
+Normalisation is global: a micro-batch returns sum(token_loss * mask) / num_global_tokens,
+where num_global_tokens counts the masked-in tokens of the whole optimizer step on all
+ranks. Summing micro-batch losses (and gradients) over micro-batches and ranks therefore
+gives the token mean of the whole global batch, however it is split. Metrics use the same
+normalisation, so they are summed the same way.
+
+`build_loss_fn` dispatches once on the loss config type; nothing downstream inspects it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from trainer_svc.losses.common import LossInputs, LossOutput, masked_entropy_sum
+from trainer_svc.losses.grpo import grpo_loss
+from trainer_svc.losses.nll import nll_loss
+from trainer_svc.types import GrpoLossConfig, LossConfig, NllLossConfig
+
+__all__ = ["LossFn", "LossInputs", "LossOutput", "build_loss_fn", "grpo_loss", "nll_loss", "masked_entropy_sum"]
+
+
+@dataclass(frozen=True)
+class LossFn:
+    """A loss bound to its config, with what its inputs need computed beforehand."""
+
+    compute: Callable[[torch.Tensor, LossInputs, float], LossOutput]
+    needs_previous_logprobs: bool
+    needs_reference_logprobs: bool
+    needs_generation_logprobs: bool
+
+    def __call__(self, curr_logprobs: torch.Tensor, inputs: LossInputs, num_global_tokens: float) -> LossOutput:
+        return self.compute(curr_logprobs, inputs, num_global_tokens)
+
+
+def build_loss_fn(config: LossConfig) -> LossFn:
+    """The loss for `config` (GrpoLossConfig or NllLossConfig)."""
+    match config:
+        case GrpoLossConfig():
+            return LossFn(partial(_grpo, config=config), needs_previous_logprobs=True,
+                          needs_reference_logprobs=config.reference_policy_kl_penalty > 0,
+                          needs_generation_logprobs=True)
+        case NllLossConfig():
+            return LossFn(_nll, needs_previous_logprobs=False, needs_reference_logprobs=False,
+                          needs_generation_logprobs=False)
+    raise TypeError(f"unknown loss config {type(config).__name__}")
+
+
+def _grpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, *, config: GrpoLossConfig) -> LossOutput:
+    assert inputs.prev_logprobs is not None and inputs.generation_logprobs is not None
+    return grpo_loss(curr, prev_logprobs=inputs.prev_logprobs, generation_logprobs=inputs.generation_logprobs,
+                     reference_logprobs=inputs.reference_logprobs, advantages=inputs.advantages, mask=inputs.mask,
+                     num_global_tokens=num_global_tokens, config=config)
+
+
+def _nll(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float) -> LossOutput:
+    return nll_loss(curr, mask=inputs.mask, num_global_tokens=num_global_tokens)

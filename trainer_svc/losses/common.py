@@ -1,0 +1,48 @@
+"""Inputs and outputs shared by the loss functions (see the package docstring for layout)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch's token-aligned [B, T-1] tensors besides the current logprobs.
+
+    mask: 1.0 on trained completion tokens, 0.0 on prompt, masked-out and padding tokens.
+    advantages: the sample's advantage on each of its tokens (0 where it is unused).
+    prev_logprobs: the trainer's logprobs at the start of the step (before any update).
+    generation_logprobs: the generator's logprobs of the sampled tokens.
+    reference_logprobs: logprobs under the frozen reference policy.
+    Tensors that a loss does not need may be None.
+    """
+
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    prev_logprobs: torch.Tensor | None = None
+    generation_logprobs: torch.Tensor | None = None
+    reference_logprobs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """loss: scalar to backpropagate. metrics: detached scalars with the same global
+    normalisation as the loss, so both are summed over micro-batches and ranks."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor]
+
+
+def global_denominator(num_global_tokens: float) -> float:
+    """Guards the all-masked batch (its loss is 0, not NaN)."""
+    return max(float(num_global_tokens), 1.0)
+
+
+def masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum over masked positions of the entropy of softmax(logits); logits [B, T-1, V]."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        entropy = -(logp.exp() * logp).sum(dim=-1)
+        return (entropy * mask).sum()

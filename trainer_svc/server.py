@@ -1,0 +1,98 @@
+"""gRPC transport of the trainer (rank 0 only): proto in, engine call, proto out.
+
+Engine calls run one at a time on a single worker thread (they are lockstep commands that
+every rank must see in the same order) so the event loop stays free for health checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from protos.tandem.trainer.v1 import trainer_pb2 as pb
+from protos.tandem.trainer.v1 import trainer_pb2_grpc as pb_grpc
+from tandem.convert import group_from_pb, plan_to_pb
+from tandem import service
+from tandem.membership import Announcement, Load
+from tandem.rpc import start_server
+from trainer_svc.engine import TrainerEngine
+from trainer_svc.types import GrpoLossConfig, LossConfig, NllLossConfig, Sample
+
+SERVICE_NAME = "tandem.trainer.v1.TrainerService"
+_POLICIES = {pb.POLICY_KIND_CURRENT: "current", pb.POLICY_KIND_REFERENCE: "reference"}
+_BACKENDS = {"dtensor": pb.BACKEND_DTENSOR, "megatron": pb.BACKEND_MEGATRON}
+
+
+def _sample(s: pb.Sample) -> Sample:
+    return Sample(tuple(s.token_ids), s.prompt_length, tuple(s.loss_mask) or None,
+                  tuple(s.generation_logprobs) or None, s.advantage)
+
+
+def _loss(request: pb.TrainStepRequest) -> LossConfig:
+    match request.WhichOneof("loss"):
+        case "grpo":
+            g = request.grpo
+            return GrpoLossConfig(g.ratio_clip_min, g.ratio_clip_max, g.reference_policy_kl_penalty,
+                                  g.use_importance_sampling_correction)
+        case "nll":
+            return NllLossConfig()
+    raise ValueError("TrainStepRequest.loss is not set (grpo or nll)")
+
+
+class TrainerServicer(pb_grpc.TrainerServiceServicer):
+    def __init__(self, engine: TrainerEngine, executor: ThreadPoolExecutor):
+        self._engine = engine
+        self._executor = executor
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def GetInfo(self, request, context):
+        info = self._engine.info()
+        return pb.GetInfoResponse(
+            model_name=info.model_name, model_fingerprint=info.model_fingerprint, backend=_BACKENDS[info.backend],
+            world_size=info.world_size, device_type=info.device_type,
+            weight_sync_store_address=info.weight_sync_store_address, bucket_plan=plan_to_pb(info.bucket_plan),
+            num_parameters=info.num_parameters, global_step=info.global_step)
+
+    async def ComputeLogprobs(self, request, context):
+        if request.policy not in _POLICIES:
+            raise ValueError("ComputeLogprobsRequest.policy must be CURRENT or REFERENCE")
+        rows = await self._call(self._engine.logprobs, [_sample(s) for s in request.samples],
+                                _POLICIES[request.policy], request.micro_batch_size)
+        return pb.ComputeLogprobsResponse(samples=[pb.TokenLogprobs(logprobs=r) for r in rows])
+
+    async def TrainStep(self, request, context):
+        learning_rate = request.learning_rate if request.HasField("learning_rate") else None
+        result = await self._call(self._engine.train_step, [_sample(s) for s in request.samples], _loss(request),
+                                  request.global_batch_size, request.micro_batch_size, learning_rate)
+        return pb.TrainStepResponse(metrics=result.metrics, global_step=result.global_step)
+
+    async def PublishWeights(self, request, context):
+        result = await self._call(self._engine.publish_weights, group_from_pb(request.group), request.version)
+        return pb.PublishWeightsResponse(bytes_sent=result.bytes_sent, duration_ms=result.duration_ms)
+
+    async def SaveCheckpoint(self, request, context):
+        return pb.SaveCheckpointResponse(duration_ms=await self._call(self._engine.save_checkpoint, request.path))
+
+    async def LoadCheckpoint(self, request, context):
+        return pb.LoadCheckpointResponse(global_step=await self._call(self._engine.load_checkpoint, request.path))
+
+    async def ExportHf(self, request, context):
+        return pb.ExportHfResponse(num_tensors=await self._call(self._engine.export_hf, request.path))
+
+
+async def serve(engine: TrainerEngine, args: argparse.Namespace, token: str, log: Any) -> None:
+    """Serve until SIGTERM/SIGINT; in-flight engine work finishes before this returns."""
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-engine")
+    servicer = TrainerServicer(engine, executor)
+    running = await start_server([lambda s: pb_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
+                                 [SERVICE_NAME], host=args.host, port=args.port, token=token, log=log)
+    announcement = Announcement("trainer", f"{args.advertise_host or args.host}:{running.port}",
+                                engine.info().model_fingerprint)
+    try:
+        await service.serve(running, args, announcement, lambda: Load(weight_version=engine.weight_version), log)
+    finally:
+        executor.shutdown(wait=True)
