@@ -7,11 +7,12 @@ as a child process, as one context manager. `Run` uses it; so do the integration
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 from coordinator.config import ExperimentConfig
-from coordinator.launch import all_registered, launch_all
+from coordinator.launch import all_registered, launch_all, scratch_root
 from coordinator.launcher import LocalLauncher
 from coordinator.registry import Registry
 from coordinator.server import CoordinatorServer
@@ -61,3 +62,4 @@ class LocalCluster:
         self.services.close()
         self.launcher.stop_all()
         self.server.stop()
+        shutil.rmtree(scratch_root(self.run_dir), ignore_errors=True)

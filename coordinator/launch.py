@@ -3,6 +3,9 @@ own section, written as a settings JSON file that its entry point validates."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from pathlib import Path
 
 from coordinator.config import ExperimentConfig
@@ -40,6 +43,13 @@ def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
     return RewardSettings(tasks={task: env.scorer}, num_workers=env.num_workers, item_timeout_s=env.item_timeout_s)
 
 
+def scratch_root(run_dir: Path) -> Path:
+    """A short per-run scratch directory for the generators: vLLM puts unix sockets there,
+    whose paths are limited to ~107 bytes, so it cannot live under an arbitrary run dir."""
+    digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"tandem-{os.getuid()}" / digest
+
+
 def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
                launcher: LocalLauncher) -> None:
     """Start the trainer (torchrun), the generators and one reward service per task."""
@@ -57,7 +67,7 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         *common)))
     for index in range(cfg.cluster.num_generators):
         name = f"generator-{index}"
-        settings = generator_settings(cfg, model_dir, index, run_dir / "scratch" / name)
+        settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common)))
     for task in cfg.env:
         name = f"reward-{task}"

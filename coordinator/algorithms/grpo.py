@@ -36,7 +36,7 @@ def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
     lap("score")
     advantages_PG = compute_advantages(rewards_PG, leave_one_out=cfg.grpo.use_leave_one_out_baseline,
                                        normalize=cfg.grpo.normalize_rewards)
-    samples = [Sample(token_ids=prompt + c.token_ids, prompt_length=len(prompt),
+    samples = [Sample(token_ids=prompt + list(c.token_ids), prompt_length=len(prompt),
                       generation_logprobs=list(c.logprobs), advantage=float(advantages_PG[p, g]))
                for p, (prompt, group) in enumerate(zip(prompts, groups)) for g, c in enumerate(group)]
     result = ctx.services.trainer.train_step(samples, _loss(ctx), global_batch_size=cfg.policy.train_global_batch_size,

@@ -59,14 +59,14 @@ def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
 class TinyModelSpec:
     """Architecture and init seed of the tiny Llama.
 
-    The default (0.51 M parameters) comes from ``benchmarks/calibrate_embedded.py``:
-    on 2-digit addition it learns as fast per sample as the 4-layer 1 M variant
-    but trains twice as fast on one CPU thread.
+    The default (4 layers, ~1 M parameters) comes from ``benchmarks/calibrate_embedded.py``:
+    from an SFT warm start at ~50% held-out accuracy, GRPO gains more on it (+18 points in
+    60 steps of 16 x 8 samples) than on the 2-layer 0.5 M variant.
     """
 
     hidden_size: int = 128
     intermediate_size: int = 512
-    num_layers: int = 2
+    num_layers: int = 4
     num_heads: int = 4
     num_kv_heads: int = 2
     max_position_embeddings: int = 64

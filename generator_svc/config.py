@@ -1,0 +1,105 @@
+"""Settings of a generator process and the environment vLLM reads from them.
+
+vLLM takes part of its configuration from environment variables, read in this process
+and in the engine processes it spawns. `vllm_environment` derives them from the
+settings; the entry point applies them before vLLM is imported.
+
+Thread layout (measured on 2-core machines, see notes/vllm-cpu.md): by default vLLM
+pins its worker's OpenMP threads to core 0 and reserves core 1 for its scheduler, so
+two generators and two trainer ranks on one 2-core box all pile onto core 0. The
+default here (`cpu_threads_bind=None`) is vLLM's "nobind": the worker's threads are not
+pinned and the kernel spreads processes over the cores; their number is
+OMP_NUM_THREADS (1 unless the environment says otherwise). Set `cpu_threads_bind` to a
+core list ("1", "0-3") to pin a generator on a machine where cores are set aside for it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+# AF_UNIX socket paths are limited to 107 bytes; vLLM puts "<run dir>/<uuid4>" sockets there.
+_MAX_SCRATCH_CHARS = 107 - len("/g4194304/") - 36
+
+
+class GeneratorSettings(BaseModel):
+    """What one generator process serves and how (the JSON file of `--settings`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_name: str
+    """Hugging Face checkpoint directory (or hub name where downloads are possible)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Engine dtype; received weights are converted to it by the sender's bucket plan."""
+    max_model_len: int = Field(512, ge=8)
+    """Longest prompt + completion in tokens."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Sequences the engine runs at once; announced as this generator's capacity."""
+    kv_cache_space_gib: int = Field(1, ge=1)
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM refuses to start on small boxes."""
+    seed: int = 0
+    """Engine seed (requests without a seed draw from it)."""
+    enforce_eager: bool = True
+    """Skip torch.compile: 30-50 s more start-up on CPU for no gain on small models."""
+    cpu_threads_bind: str | None = None
+    """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
+    scratch_dir: Path = Path(".tandem/scratch")
+    """Where vLLM's cache, ZMQ sockets and temp files go (instead of ~/.cache/vllm and /tmp)."""
+
+    @field_validator("cpu_threads_bind")
+    @classmethod
+    def _check_bind(cls, value: str | None) -> str | None:
+        if value is None or value in ("auto", "nobind") or _CPU_LIST.match(value):
+            return value
+        raise ValueError(f'cpu_threads_bind must be null, "auto", "nobind" or a core list like "0-3", got {value!r}')
+
+    @field_validator("scratch_dir")
+    @classmethod
+    def _check_scratch(cls, value: Path) -> Path:
+        resolved = value.expanduser().resolve()
+        if len(str(resolved)) > _MAX_SCRATCH_CHARS:
+            raise ValueError(f"scratch_dir {resolved} is longer than {_MAX_SCRATCH_CHARS} characters: "
+                             "vLLM puts unix sockets there; choose a shorter path")
+        return resolved
+
+
+def load_settings(path: Path) -> GeneratorSettings:
+    """Parse the settings JSON file (unknown keys are an error naming the key)."""
+    return GeneratorSettings.model_validate_json(Path(path).read_text())
+
+
+def run_dir(settings: GeneratorSettings, pid: int) -> Path:
+    """This process's own scratch directory (sockets, temp files), removed when it exits."""
+    return settings.scratch_dir / f"g{pid}"
+
+
+def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_path: Path) -> dict[str, str]:
+    """Environment variables to set before vLLM is imported, given the current environment.
+
+    Caches go to scratch_dir (kept across runs); sockets and temp files to `run_path`.
+    """
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_space_gib),
+        "VLLM_CACHE_ROOT": str(settings.scratch_dir / "vllm-cache"),
+        "VLLM_CONFIG_ROOT": str(settings.scratch_dir / "vllm-config"),
+        # Where torch.compile runs (enforce_eager=false), its cache outlives the run; inductor's
+        # precompiled header would re-run the preprocessor over torch's headers in every process.
+        "TORCHINDUCTOR_CACHE_DIR": str(settings.scratch_dir / "inductor-cache"),
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+        "VLLM_RPC_BASE_PATH": str(run_path),
+        "TMPDIR": str(run_path),
+        "VLLM_CPU_OMP_THREADS_BIND": settings.cpu_threads_bind or "nobind",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+    }
+    if settings.enforce_eager:
+        # Even in eager mode vLLM's sampler torch.compiles a small logprob-rank kernel (g++ on
+        # the first request: ~11 s on 2 busy cores); eager PyTorch computes the same thing.
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    if settings.cpu_threads_bind is None and "OMP_NUM_THREADS" not in current:
+        env["OMP_NUM_THREADS"] = "1"
+    return env

@@ -1,0 +1,1 @@
+"""Generation engines behind `generator_svc.interfaces.GenerationEngine`."""

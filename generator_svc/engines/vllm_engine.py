@@ -1,0 +1,211 @@
+"""The vLLM engine: an `AsyncLLM` (multi-process mode) behind `GenerationEngine`.
+
+Every (prompt, sample) pair is its own vLLM request with n=1, so completions stream back
+as each finishes and concurrent calls batch continuously in one engine. With a seed,
+sample j of prompt i uses seed + i * n + j: vLLM's own n>1 seeding gives child k the
+seed s + k, so two requests with neighbouring seeds would share samples.
+
+Weight swaps are atomic. The whole new version is first received into the worker while
+generation goes on (if that fails, the old weights keep serving and the error is
+raised). Then the swap waits for the Generate calls in flight to finish, holding new
+ones back, so each call is sampled by one version; it pauses the engine, applies the
+version, resets the prefix cache (cached KV of the old weights must not be reused),
+labels the engine's outputs with the new version and resumes. vLLM labels every output
+step with the version current in the engine, so each completion reports the version
+that sampled it. If applying fails half-way, the weights are no known version: the
+engine stays paused and reports `serving = False` until a later receive succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from generator_svc.config import GeneratorSettings
+from generator_svc.engines.gate import SwapGate
+from generator_svc.engines.vllm_outputs import to_completion
+from generator_svc.types import Completion, GeneratorInfo, SamplingConfig
+from generator_svc.worker_extension import group_to_json, plan_to_json
+from tandem.rpc import FailedPrecondition
+from tandem.weight_sync import BucketPlan, GroupSpec
+
+WORKER_EXTENSION = "generator_svc.worker_extension.TandemWeightExtension"
+_RPC_MARGIN_S = 30.0  # on top of the collective's own per-operation timeouts
+
+
+class VllmEngine:
+    """`GenerationEngine` over vLLM's AsyncLLM; build with `await VllmEngine.start(settings, log)`."""
+
+    def __init__(self, llm: Any, settings: GeneratorSettings, engine_name: str, log: Any) -> None:
+        self._llm = llm
+        self._settings = settings
+        self._engine_name = engine_name
+        self._log = log
+        self._version = 0
+        self._serving = True
+        self._num_running = 0
+        self._swap_lock = asyncio.Lock()
+        self._gate = SwapGate()
+
+    @classmethod
+    async def start(cls, settings: GeneratorSettings, log: Any) -> VllmEngine:
+        """Load the model in vLLM's engine processes (tens of seconds on CPU)."""
+        # Importing vLLM and building the engine block for that long; a thread keeps the event
+        # loop (and so the gRPC health service) answering meanwhile.
+        started = time.monotonic()
+        llm, engine_name = await asyncio.to_thread(_build_async_llm, settings)
+        built = time.monotonic()
+        await llm.engine_core.set_weight_version_async("0")
+        engine = cls(llm, settings, engine_name, log)
+        await engine._warm_up()
+        log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1))
+        return engine
+
+    async def _warm_up(self) -> None:
+        """One tiny request, so a broken engine fails at start and lazy set-up is not paid by a rollout."""
+        async for _ in self.generate([[0]], SamplingConfig(n=1, temperature=1.0, max_tokens=2, seed=0), "warmup"):
+            pass
+
+    @property
+    def serving(self) -> bool:
+        return self._serving and not self.dead
+
+    @property
+    def dead(self) -> bool:
+        """True once vLLM's engine processes died: nothing can recover this generator but a restart."""
+        return self._llm is None or self._llm.errored
+
+    def info(self) -> GeneratorInfo:
+        s = self._settings
+        return GeneratorInfo(model_name=s.model_name, weight_version=self._version, engine=self._engine_name,
+                             dtype=s.dtype, max_num_seqs=s.max_num_seqs, num_running=self._num_running)
+
+    async def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                       request_id: str = "") -> AsyncIterator[Completion]:
+        async with self._gate.call():  # waits while a swap is applied: one call, one weight version
+            self._check_serving()
+            self._check_lengths(prompts, sampling)
+            tag = f"{request_id or 'generate'}-{uuid.uuid4().hex[:8]}"
+            tasks = [asyncio.create_task(self._sample(list(prompt), i, j, sampling, f"{tag}-{i}-{j}"))
+                     for i, prompt in enumerate(prompts) for j in range(sampling.n)]
+            try:
+                for finished in asyncio.as_completed(tasks):
+                    yield await finished
+            finally:  # the caller went away or a sample failed: abort what is still running
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _check_serving(self) -> None:
+        if self.dead:
+            raise FailedPrecondition("the generator's vLLM engine died; restart the generator")
+        if not self._serving:
+            raise FailedPrecondition("generator weights are in an unknown state after a failed update; "
+                                     "publish a new version to it before sending work")
+
+    def _check_lengths(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> None:
+        limit = self._settings.max_model_len
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty (prompts are token ids with BOS)")
+            if len(prompt) + sampling.max_tokens > limit:
+                raise ValueError(f"prompt {i} has {len(prompt)} tokens; with max_tokens={sampling.max_tokens} "
+                                 f"it exceeds max_model_len={limit}")
+
+    async def _sample(self, prompt: list[int], prompt_index: int, sample_index: int,
+                      sampling: SamplingConfig, request_id: str) -> Completion:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
+            max_tokens=sampling.max_tokens, seed=sampling.sample_seed(prompt_index, sample_index),
+            logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        self._num_running += 1
+        final = None
+        try:
+            async for output in self._llm.generate({"prompt_token_ids": prompt}, params, request_id):
+                final = output
+        except VLLMClientError as exc:
+            raise ValueError(f"prompt {prompt_index}: {exc}") from exc
+        finally:
+            self._num_running -= 1
+        assert final is not None and final.finished, f"vLLM request {request_id} ended without a final output"
+        return to_completion(final.outputs[0], prompt_index, sample_index, self._version)
+
+    async def receive_weights(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan) -> int:
+        # Shielded: a caller that gives up (deadline) must not interrupt a swap half-way.
+        return await asyncio.shield(self._swap(group, rank, version, plan))
+
+    async def _swap(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan) -> int:
+        async with self._swap_lock:
+            if self._serving and version < self._version:
+                raise ValueError(f"weight version {version} is older than the served version {self._version}")
+            if not 1 <= rank < group.world_size:
+                raise ValueError(f"generators take ranks 1..{group.world_size - 1} of the group, got {rank}")
+            log = self._log.bind(weight_version=version, epoch=group.epoch, rank=rank)
+            # Receive first, while calls in flight go on (the worker stalls them only while the
+            # bytes arrive): the trainer is not kept waiting for them to drain.
+            await self._stage(group, rank, version, plan, log)
+            async with self._gate.swap():  # calls in flight finish on the old weights; new ones wait
+                await self._llm.pause_generation(mode="wait", clear_cache=True)
+                await self._apply(version, log)  # on failure it raises and generation stays paused
+                await self._llm.resume_generation()
+            return self._version
+
+    async def _stage(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan, log: Any) -> None:
+        started = time.monotonic()
+        timeout_s = group.op_timeout_s * (len(plan.bucket_sizes_bytes) + 2) + _RPC_MARGIN_S
+        try:
+            counts = await self._llm.collective_rpc(
+                "tandem_stage_weights", timeout=timeout_s,
+                args=(group_to_json(group), rank, version, plan_to_json(plan)))
+        except Exception as exc:  # vLLM re-raises worker errors as plain Exception; the old weights are untouched
+            log.warning("weights_receive_failed", error=f"{type(exc).__name__}: {exc}", serving=self._serving)
+            raise ConnectionError(f"receiving weight version {version} failed, version {self._version} "
+                                  f"{'keeps serving' if self._serving else 'is not serving'}: {exc}") from exc
+        log.info("weights_received", tensors=counts[0], bytes=plan.total_bytes,
+                 seconds=round(time.monotonic() - started, 3))
+
+    async def _apply(self, version: int, log: Any) -> None:
+        """Swap the staged version in (generation is paused)."""
+        try:
+            await self._llm.collective_rpc("tandem_apply_staged", args=(version,))
+            await self._llm.reset_prefix_cache()
+            await self._llm.engine_core.set_weight_version_async(str(version))
+        except Exception:
+            self._serving = False
+            log.error("weights_apply_failed_not_serving", exc_info=True)
+            raise
+        self._version, self._serving = version, True
+        log.info("weights_swapped")
+
+    async def close(self) -> None:
+        """Shut vLLM's engine processes down (blocks a few seconds; children are reaped)."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+            # vLLM's AsyncLLM.__del__ runs shutdown again at interpreter exit, when the module
+            # globals it needs are gone (a TypeError on stderr); it already ran.
+            llm.shutdown = lambda timeout=None: None
+
+
+def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str]:
+    import vllm
+    from vllm import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    # Chunked prefill off: a seeded request whose prompt is split over two steps makes vLLM
+    # rewind its sampling generator's offset, which CPU generators do not have ("CPU Generator
+    # does not use offset") and the engine dies. Whole prompts then fit one step's budget.
+    args = AsyncEngineArgs(
+        model=settings.model_name, dtype=settings.dtype, max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs, seed=settings.seed, enforce_eager=settings.enforce_eager,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
+        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True)
+    return AsyncLLM.from_engine_args(args), f"vllm {vllm.__version__}"

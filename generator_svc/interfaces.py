@@ -1,0 +1,61 @@
+"""The contract of a generation engine, whatever runs it (vLLM today, Megatron inference later).
+
+Conventions every engine keeps:
+- Prompts are lists of token ids, BOS included (the caller tokenizes; the engine adds nothing).
+- A completion's token_ids exclude the prompt; logprobs has exactly one entry per completion
+  token: logprobs[k] is the untempered log-probability (log_softmax of the raw logits, before
+  temperature, top-p or top-k) of token_ids[k] given the prompt and token_ids[:k].
+- Completions stream back one by one as each finishes, in no particular order; each carries
+  its (prompt_index, sample_index) and the weight version that sampled all of its tokens.
+- Weight versions start at 0 (the loaded checkpoint) and only change in receive_weights,
+  which swaps atomically: generate calls running when the new weights are ready finish on
+  the old ones, calls arriving meanwhile wait and run on the new ones, so every call (and
+  every prompt's group of samples) is sampled by a single version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from generator_svc.types import Completion, GeneratorInfo, SamplingConfig
+from tandem.weight_sync import BucketPlan, GroupSpec
+
+
+class GenerationEngine(Protocol):
+    """One inference engine serving completions and receiving weights."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 request_id: str = "") -> AsyncIterator[Completion]:
+        """Sample sampling.n completions per prompt; yields each as it finishes.
+
+        Raises ValueError for a request the engine cannot run (empty prompt, too long for
+        max_model_len). Closing the iterator early aborts the unfinished samples.
+        """
+        ...
+
+    async def receive_weights(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan) -> int:
+        """Join `group` as `rank`, receive `version` laid out by `plan`, swap it in; returns the version now serving.
+
+        If the transfer fails, the previous version keeps serving and the error is raised.
+        If applying fails half-way, the engine stops serving (`serving` becomes False).
+        """
+        ...
+
+    def info(self) -> GeneratorInfo:
+        """Model, weight version, engine, dtype, capacity and sequences in flight."""
+        ...
+
+    @property
+    def serving(self) -> bool:
+        """False once the weights are no known version (an update failed while being applied)."""
+        ...
+
+    @property
+    def dead(self) -> bool:
+        """True once the engine itself died; only restarting the process recovers."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the engine and its processes."""
+        ...

@@ -1,0 +1,72 @@
+"""Weight receive inside vLLM's worker process (the class passed as `worker_extension_cls`).
+
+vLLM mixes this class into its worker, so its methods run where the model lives and are
+reached with `collective_rpc(name, args=...)`. In vLLM's default multi-process mode
+collective_rpc pickles its arguments between processes and cannot carry tensors, so the
+group and bucket plan arrive as JSON strings and the bytes come over the weight-sync
+collective itself.
+
+Two steps, so that a failed transfer never touches the model:
+1. `tandem_stage_weights` receives a whole version into memory (or raises, staging nothing);
+2. `tandem_apply_staged` loads it with `model_runner.reload_weights`, which restores the
+   layer layout, loads HF-named checkpoint tensors and re-packs the CPU kernels' weights
+   (plain `model.load_weights` fails on CPU once the linear weights are packed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+
+from tandem.weight_sync import BucketPlan, GroupSpec, TensorSpec, WeightReceiver
+
+
+def plan_to_json(plan: BucketPlan) -> str:
+    return json.dumps(dataclasses.asdict(plan))
+
+
+def plan_from_json(text: str) -> BucketPlan:
+    raw = json.loads(text)
+    tensors = tuple(TensorSpec(**{**t, "shape": tuple(t["shape"])}) for t in raw["tensors"])
+    return BucketPlan(tensors, tuple(raw["bucket_sizes_bytes"]))
+
+
+def group_to_json(group: GroupSpec) -> str:
+    return json.dumps(dataclasses.asdict(group))
+
+
+def group_from_json(text: str) -> GroupSpec:
+    return GroupSpec(**json.loads(text))
+
+
+class TandemWeightExtension:
+    """Mixed into vLLM's worker; attribute names carry a `tandem_` prefix to avoid clashes."""
+
+    def tandem_stage_weights(self, group_json: str, rank: int, version: int, plan_json: str) -> int:
+        """Receive `version` in full and keep it staged; returns the number of tensors. Raises on failure."""
+        self._tandem_staged = None  # a previous, never-applied version is dropped
+        receiver = getattr(self, "_tandem_receiver", None)
+        if receiver is None:
+            receiver = self._tandem_receiver = WeightReceiver(device=torch.device(self.device))
+        staged = receiver.receive(group_from_json(group_json), rank, version, plan_from_json(plan_json))
+        self._tandem_staged = (version, staged)
+        return len(staged)
+
+    def tandem_apply_staged(self, version: int) -> int:
+        """Load the staged `version` into the model; returns the number of tensors loaded."""
+        staged = getattr(self, "_tandem_staged", None)
+        self._tandem_staged = None
+        if staged is None or staged[0] != version:
+            raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
+        tensors = staged[1]
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        return len(tensors)
+
+    def tandem_close_receiver(self) -> None:
+        """Leave the weight-sync group (on shutdown)."""
+        receiver = getattr(self, "_tandem_receiver", None)
+        if receiver is not None:
+            receiver.close()
+            self._tandem_receiver = None

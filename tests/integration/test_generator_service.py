@@ -1,0 +1,254 @@
+"""generator_svc as a real process (vLLM on CPU): concurrent streaming generation, exact
+logprobs against Hugging Face, an atomic weight push (and what failed pushes leave
+serving), clear errors, auth, and a clean SIGTERM that leaves no vLLM process behind.
+
+The tests share one generator process and run in file order: model A is served first,
+then model B's weights are pushed, and the last test stops the process.
+"""
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import psutil
+import pytest
+import torch
+
+from coordinator.embedded.tiny_model import TinyModelSpec, build_char_tokenizer, build_config
+from generator_svc.client import GeneratorClient
+from generator_svc.types import SamplingConfig
+from tandem.rpc import check_health
+from tandem.weight_sync import GroupSpec, WeightSender, iter_plan_tensors, plan_for_state_dict
+from tests import procs
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+MAX_MODEL_LEN = 2304  # long prompts: see test_seeded_long_prompts_that_share_a_step_are_sampled
+SPEC = TinyModelSpec(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+                     max_position_embeddings=MAX_MODEL_LEN)  # head_dim 32: vLLM's CPU attention has no kernel for 16
+MAX_TOKENS = 8
+SERVICE = "tandem.generator.v1.GeneratorService"
+TIMINGS: dict[str, float] = {}
+
+
+def build_model(out_dir, seed: int):
+    """A tiny fp32 Llama with N(0, 0.15) weights (so greedy argmax is well separated), saved as HF."""
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    config = build_config(SPEC, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
+                          tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.15)
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen")  # short: vLLM puts unix sockets under scratch_dir
+    model_a, tokenizer = build_model(root / "A", seed=0)
+    model_b, _ = build_model(root / "B", seed=1)
+    settings = root / "generator.json"
+    settings.write_text(json.dumps({"model_name": str(root / "A"), "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 64,
+                                    "seed": 0, "scratch_dir": str(root / "s")}))
+    started = time.monotonic()
+    service = procs.start(procs.python_module("generator_svc", "--settings", str(settings)), root, "generator",
+                          timeout_s=300)
+    TIMINGS["startup_s"] = time.monotonic() - started
+    client = GeneratorClient(service.address, procs.TOKEN)
+    sender = WeightSender()
+    yield {"service": service, "client": client, "A": model_a, "B": model_b, "tokenizer": tokenizer,
+           "root": root, "sender": sender}
+    sender.close()
+    client.close()
+    service.stop()
+    print("\ngenerator timings:", {k: round(v, 3) for k, v in TIMINGS.items()})
+
+
+def prompts(tokenizer, count: int, length: int = 40) -> list[list[int]]:
+    """Prompts of `length` tokens with BOS: longer than one 32-token KV block, so the prefix cache holds them."""
+    texts = [f"{i * 37 % 1000}+{i * 11}=" * 8 for i in range(count)]
+    return [tokenizer(t)["input_ids"][:length] for t in texts]
+
+
+def hf_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their (untempered) logprobs under a plain HF forward."""
+    tokens, logprobs = list(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([tokens])).logits[0, -1].double()
+            lp = torch.log_softmax(logits, dim=-1)
+            token = int(lp.argmax())
+            tokens.append(token)
+            logprobs.append(float(lp[token]))
+    return tokens[len(prompt):], logprobs
+
+
+def push(client, sender, state, epoch: int, version: int) -> int:
+    """Publish `state` as `version`: the sender in a thread, the generator's receive in this one."""
+    plan = plan_for_state_dict(state, torch.float32)
+    group = GroupSpec(sender.address, epoch=epoch, epoch_secret=uuid.uuid4().hex, world_size=2, op_timeout_s=30.0)
+    errors: list[BaseException] = []
+
+    def send():
+        try:
+            sender.send(group, version, plan, iter_plan_tensors(plan, state))
+        except BaseException as exc:  # surfaced below: a thread's exception is otherwise lost
+            errors.append(exc)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    try:
+        return client.receive_weights(group, 1, version, plan, timeout_s=120)
+    finally:
+        thread.join(60)
+        assert not errors, errors
+
+
+def check_matches_hf(client, model, batch, version: int) -> None:
+    greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=MAX_TOKENS)
+    completions = sorted(client.generate(batch, greedy, request_id="greedy", timeout_s=120),
+                         key=lambda c: c.prompt_index)
+    assert len(completions) == len(batch)
+    for completion, prompt in zip(completions, batch):
+        assert completion.weight_version == version
+        expected_tokens, expected_lps = hf_greedy(model, prompt, len(completion.token_ids))
+        assert list(completion.token_ids) == expected_tokens
+        assert max(abs(a - b) for a, b in zip(completion.logprobs, expected_lps)) < 1e-4
+
+
+def test_health_and_info_once_loaded(env):
+    assert check_health(env["service"].address, SERVICE)
+    info = env["client"].info()
+    assert (info.weight_version, info.max_num_seqs, info.dtype) == (0, 64, "float32")
+    assert info.engine.startswith("vllm")
+
+
+def test_concurrent_generate_calls_stream_every_sample(env):
+    client, tokenizer = env["client"], env["tokenizer"]
+    eos = tokenizer.eos_token_id
+    batch = prompts(tokenizer, 3, length=12)
+
+    def call(k: int):
+        sampling = SamplingConfig(n=4, temperature=1.0, max_tokens=MAX_TOKENS, seed=1000 * k)
+        return list(client.generate(batch, sampling, request_id=f"call-{k}", timeout_s=120))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(call, range(4)))
+    for completions in results:
+        assert sorted((c.prompt_index, c.sample_index) for c in completions) == [
+            (i, j) for i in range(3) for j in range(4)]
+        for c in completions:
+            assert len(c.token_ids) == len(c.logprobs) > 0 and c.weight_version == 0
+            assert all(lp <= 0 for lp in c.logprobs)
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == eos and eos not in c.token_ids[:-1]
+            else:
+                assert c.finish_reason == "length" and len(c.token_ids) == MAX_TOKENS and eos not in c.token_ids
+    # the same seed gives the same samples; different sample indices give different ones
+    assert sorted(results[1], key=lambda c: (c.prompt_index, c.sample_index)) == sorted(
+        call(1), key=lambda c: (c.prompt_index, c.sample_index))
+    assert len({c.token_ids for c in results[0]}) > 1
+
+
+def test_throughput_16_prompts_x_8_samples(env):
+    batch = prompts(env["tokenizer"], 16)
+    started = time.monotonic()
+    completions = list(env["client"].generate(
+        batch, SamplingConfig(n=8, temperature=1.0, max_tokens=MAX_TOKENS, seed=7), timeout_s=300))
+    seconds = time.monotonic() - started
+    assert len(completions) == 16 * 8
+    TIMINGS["tokens_per_s_16x8x8"] = sum(len(c.token_ids) for c in completions) / seconds
+
+
+def test_seeded_long_prompts_that_share_a_step_are_sampled(env):
+    # 4 x 2000 prompt tokens do not fit one scheduler step (2304 tokens here). With chunked
+    # prefill, vLLM would split one prompt over two steps and then rewind that seeded request's
+    # CPU generator, which cannot rewind: the engine dies ("CPU Generator does not use offset").
+    bos = env["tokenizer"].bos_token_id
+    long_prompts = [[bos] + [5 + (k * (i + 1)) % 70 for k in range(1999)] for i in range(4)]
+    completions = list(env["client"].generate(
+        long_prompts, SamplingConfig(n=1, temperature=1.0, max_tokens=4, seed=3), timeout_s=120))
+    assert sorted(c.prompt_index for c in completions) == [0, 1, 2, 3]
+    assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in completions)
+
+
+def test_greedy_logprobs_match_hf_then_weight_push_swaps_to_b(env):
+    client, batch = env["client"], prompts(env["tokenizer"], 4)
+    check_matches_hf(client, env["A"], batch, version=0)  # also fills the prefix cache with A's KV
+
+    state = {k: v.detach().contiguous() for k, v in env["B"].state_dict().items()}
+    started = time.monotonic()
+    version = push(client, env["sender"], state, epoch=1, version=1)
+    TIMINGS["weight_receive_s"] = time.monotonic() - started
+    assert version == 1
+    assert client.info().weight_version == 1
+    check_matches_hf(client, env["B"], batch, version=1)  # same prompts: A's cached KV must be gone
+
+
+def test_failed_updates_keep_or_withdraw_the_served_version(env):
+    client, sender, address = env["client"], env["sender"], env["service"].address
+    state = {k: v.detach().contiguous() for k, v in env["B"].state_dict().items()}
+    plan = plan_for_state_dict(state)
+    # the trainer never sends: the transfer times out and version 1 keeps serving
+    silent = GroupSpec(sender.address, epoch=2, epoch_secret=uuid.uuid4().hex, world_size=2, op_timeout_s=2.0)
+    with pytest.raises(grpc.RpcError) as err:
+        client.receive_weights(silent, 1, 2, plan, timeout_s=60)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert client.info().weight_version == 1 and check_health(address, SERVICE)
+    # every byte arrives but the model refuses a tensor half-way: weights of no known version
+    with pytest.raises(grpc.RpcError):
+        push(client, sender, {**state, "model.layers.0.bogus.weight": torch.zeros(3)}, epoch=3, version=2)
+    assert not check_health(address, SERVICE)
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.generate([[1, 5]], SamplingConfig(n=1, temperature=0.0, max_tokens=2), timeout_s=30))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # the next complete push brings it back
+    assert push(client, sender, state, epoch=4, version=2) == 2
+    assert check_health(address, SERVICE)
+    check_matches_hf(client, env["B"], prompts(env["tokenizer"], 2), version=2)
+
+
+def test_requests_the_engine_cannot_run_are_invalid_arguments(env):
+    client, sampling = env["client"], SamplingConfig(n=1, temperature=1.0, max_tokens=8)
+    for bad_prompts, word in (([[1] * MAX_MODEL_LEN], "max_model_len"), ([[1, 5, 100000]], "prompt 0"),
+                              ([[]], "empty")):
+        with pytest.raises(grpc.RpcError) as err:
+            list(client.generate(bad_prompts, sampling, timeout_s=30))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and word in err.value.details()
+    assert client.info().num_running == 0
+
+
+def test_calls_without_the_token_are_refused(env):
+    anonymous = GeneratorClient(env["service"].address, None)
+    with pytest.raises(grpc.RpcError) as err:
+        anonymous.info()
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as err:
+        list(anonymous.generate([[1, 5]], SamplingConfig(n=1, temperature=0.0, max_tokens=2), timeout_s=30))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    anonymous.close()
+
+
+def test_sigterm_stops_cleanly_and_leaves_no_vllm_child(env):
+    service = env["service"]
+    children = psutil.Process(service.process.pid).children(recursive=True)
+    assert len(children) >= 2  # EngineCore and its worker
+    started = time.monotonic()
+    service.process.terminate()
+    assert service.process.wait(timeout=60) == 0, service.log()[-3000:]
+    TIMINGS["stop_s"] = time.monotonic() - started
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.pid for p in alive]
+    assert not (env["root"] / "s" / f"g{service.process.pid}").exists()  # its sockets and temp files
