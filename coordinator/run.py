@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from coordinator import checkpoint
+from coordinator.cluster import LocalCluster
 from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
