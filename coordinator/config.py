@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from reward_svc.config import SandboxLimits, ScorerName
 
 
 class ConfigError(ValueError):
@@ -146,9 +155,14 @@ class DataConfig(_Section):
 
 
 class EnvConfig(_Section):
-    scorer: Literal["exact", "math"] = "exact"
+    """One task's reward service (env.<task>)."""
+
+    scorer: ScorerName = "exact"
+    """exact: first line equals the answer; math: math-verify; code: sandboxed test cases."""
     num_workers: int = Field(1, ge=1)
     item_timeout_s: float = Field(5.0, gt=0)
+    sandbox: SandboxLimits = SandboxLimits()
+    """Limits of the code sandbox (scorer: code)."""
 
 
 class ClusterConfig(_Section):

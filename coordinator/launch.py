@@ -40,7 +40,8 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
 
 def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
     env = cfg.env[task]
-    return RewardSettings(tasks={task: env.scorer}, num_workers=env.num_workers, item_timeout_s=env.item_timeout_s)
+    return RewardSettings(tasks={task: env.scorer}, num_workers=env.num_workers, item_timeout_s=env.item_timeout_s,
+                          sandbox=env.sandbox)
 
 
 def scratch_root(run_dir: Path) -> Path:

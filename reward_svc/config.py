@@ -4,9 +4,37 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ScorerName = Literal["exact", "math"]
+ScorerName = Literal["exact", "math", "code"]
+
+# What the sandbox needs beyond its wall clock: two interpreter starts, namespace setup, teardown.
+SANDBOX_STARTUP_MARGIN_S = 1.0
+
+
+class SandboxLimits(BaseModel):
+    """Limits of one sandboxed program run (one code item). See reward_svc/sandbox/."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_s: int = Field(2, ge=1)
+    """RLIMIT_CPU: CPU seconds of each process in the sandbox (SIGXCPU, then SIGKILL)."""
+    wall_s: float = Field(3.0, gt=0)
+    """Wall-clock limit of the whole run; then every process in the sandbox is killed."""
+    memory_bytes: int = Field(256 << 20, ge=64 << 20)
+    """RLIMIT_AS: address space of each process."""
+    max_processes: int = Field(16, ge=2)
+    """RLIMIT_NPROC for the run's own uid: processes and threads together."""
+    file_size_bytes: int = Field(1 << 20, ge=0)
+    """RLIMIT_FSIZE: the largest file a process may write (SIGXFSZ past it)."""
+    open_files: int = Field(64, ge=16)
+    """RLIMIT_NOFILE: open file descriptors per process."""
+    tmpfs_bytes: int = Field(8 << 20, ge=1 << 20)
+    """Size of the private working directory (/tmp, a tmpfs that dies with the run)."""
+    tmpfs_inodes: int = Field(256, ge=16)
+    """Files and directories the working directory can hold."""
+    output_bytes: int = Field(64 << 10, ge=1024)
+    """Captured stdout+stderr kept per run; the rest is read and dropped."""
 
 
 class RewardSettings(BaseModel):
@@ -16,8 +44,19 @@ class RewardSettings(BaseModel):
 
     tasks: dict[str, ScorerName] = Field(default_factory=lambda: {"arithmetic": "exact"})
     """Task name -> scorer. `exact`: the completion's first line equals the answer;
-    `math`: math-verify equivalence (boxed, plain numbers, LaTeX)."""
+    `math`: math-verify equivalence (boxed, plain numbers, LaTeX); `code`: the fraction of the
+    item's tests that the completion's Python passes, run in the sandbox."""
     num_workers: int = Field(1, ge=1)
     """Worker processes that run the scorers (never the gRPC thread)."""
     item_timeout_s: float = Field(5.0, gt=0)
-    """Per-item scoring time limit; an item over it scores 0."""
+    """Per-item scoring time limit; an item over it scores 0 and its worker is killed and replaced."""
+    sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
+    """Limits of the code sandbox (used by `code` tasks)."""
+
+    @model_validator(mode="after")
+    def _timeout_covers_sandbox(self) -> RewardSettings:
+        needed = self.sandbox.wall_s + SANDBOX_STARTUP_MARGIN_S
+        if "code" in self.tasks.values() and self.item_timeout_s <= needed:
+            raise ValueError(f"item_timeout_s ({self.item_timeout_s}) must exceed sandbox.wall_s + "
+                             f"{SANDBOX_STARTUP_MARGIN_S} = {needed}: raise item_timeout_s or lower sandbox.wall_s")
+        return self

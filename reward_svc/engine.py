@@ -1,22 +1,40 @@
 """The reward engine: routes each item to its task's scorer and runs scorers in a pool of
-worker processes (never on the gRPC event loop), with a per-item time limit."""
+worker processes (never on the gRPC event loop), with a hard per-item time limit: an item
+over it scores 0 and its worker is killed and replaced (reward_svc/workers.py).
+
+Code items run in the sandbox (reward_svc/sandbox/), started from those workers; settings
+validation keeps the per-item limit above the sandbox's own wall clock.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import json
 
 from reward_svc.config import RewardSettings
-from reward_svc.envs import exact, math
+from reward_svc.envs import code, exact, math
 from reward_svc.types import RewardInfo, ScoreItem, ScoreResult
+from reward_svc.workers import ScorerFailed, WorkerPool
 
-_SCORERS = {"exact": exact.score, "math": math.score}
+_SCORERS = {
+    "exact": lambda completion, truth, settings: exact.score(completion, truth),
+    # math-verify's own (SIGALRM) timeouts, for parsing both sides and comparing, fit in the
+    # item's limit; the worker kill is the backstop for what SIGALRM cannot interrupt
+    "math": lambda completion, truth, settings: math.score(completion, truth,
+                                                           timeout_s=max(1, int(settings.item_timeout_s / 4))),
+    "code": lambda completion, truth, settings: code.score(completion, truth, settings.sandbox),
+}
 _ZERO = ScoreResult(reward=0.0, correct=False)
+_SELF_TEST = json.dumps({"tests": ["assert twice(2) == 4", "assert twice(3) == 7"], "entry_point": "twice"})
 
 
-def _score_one(scorer: str, completion: str, ground_truth: str) -> ScoreResult:
-    return _SCORERS[scorer](completion, ground_truth)
+def _score_one(scorer: str, completion: str, ground_truth: str, settings: RewardSettings) -> ScoreResult:
+    return _SCORERS[scorer](completion, ground_truth, settings)
+
+
+def _import_scorers() -> None:
+    """Worker initializer. Unpickling it in a fresh worker imports this module, and with it
+    every scorer (sympy via math-verify), before the worker takes a job with a deadline."""
 
 
 class RewardEngine:
@@ -25,13 +43,21 @@ class RewardEngine:
     def __init__(self, settings: RewardSettings, log):
         self._settings = settings
         self._log = log
-        self._pool = ProcessPoolExecutor(settings.num_workers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = WorkerPool(settings.num_workers, initializer=_import_scorers)
 
     async def warm_up(self) -> None:
-        """Start the workers and import the scorers before the service reports SERVING."""
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._pool, _score_one, "exact", "1", "1")
-                               for _ in range(self._settings.num_workers)))
+        """Start the workers and import the scorers before the service reports SERVING; with a
+        `code` task, check that the sandbox runs a program (a service that cannot sandbox
+        refuses to start rather than score every code item 0)."""
+        await self._pool.wait_ready()
+        if "code" in self._settings.tasks.values():
+            args = ("code", "def twice(x):\n    return 2 * x\n", _SELF_TEST, self._settings)
+            try:
+                reward = (await self._pool.run(_score_one, args, self._settings.item_timeout_s)).reward
+            except (TimeoutError, ScorerFailed) as exc:
+                raise RuntimeError(f"the code sandbox cannot run here: {exc}") from None
+            if reward != 0.5:
+                raise RuntimeError(f"the code sandbox failed its self-test (reward {reward}, expected 0.5)")
 
     def info(self) -> RewardInfo:
         return RewardInfo(tasks=tuple(self._settings.tasks), scorers=dict(self._settings.tasks))
@@ -43,16 +69,16 @@ class RewardEngine:
         return list(await asyncio.gather(*(self._score_item(item) for item in items)))
 
     async def _score_item(self, item: ScoreItem) -> ScoreResult:
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, _score_one, self._settings.tasks[item.task],
-                                      item.completion, item.ground_truth)
+        scorer = self._settings.tasks[item.task]
         try:
-            return await asyncio.wait_for(future, self._settings.item_timeout_s)
+            return await self._pool.run(_score_one, (scorer, item.completion, item.ground_truth, self._settings),
+                                        self._settings.item_timeout_s)
         except TimeoutError:
-            self._log.warning("score_timeout", task=item.task, timeout_s=self._settings.item_timeout_s)
-        except ValueError as exc:  # e.g. an unparsable ground truth: the item scores 0, the batch goes on
-            self._log.warning("score_failed", task=item.task, error=str(exc))
+            self._log.warning("score_timeout", task=item.task, timeout_s=self._settings.item_timeout_s,
+                              workers_replaced=self._pool.num_replaced)
+        except ScorerFailed as exc:  # a bad ground truth, a broken sandbox: the item scores 0, the batch goes on
+            self._log.warning("score_failed", task=item.task, error=str(exc)[:500])
         return _ZERO
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()

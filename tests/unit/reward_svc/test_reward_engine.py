@@ -1,0 +1,110 @@
+"""The engine's worker pool: a job past its deadline gets its worker killed and replaced; a
+scorer that raises or kills its worker costs one item; math and code items through the
+engine, with pathological expressions that must not stall a batch."""
+
+import asyncio
+import json
+import operator
+import os
+import time
+
+import pytest
+import structlog
+from pydantic import ValidationError
+
+from reward_svc.config import RewardSettings
+from reward_svc.engine import RewardEngine
+from reward_svc.types import ScoreItem
+from reward_svc.workers import ScorerFailed, WorkerPool
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+
+
+def test_stuck_worker_is_killed_and_replaced():
+    async def scenario():
+        pool = WorkerPool(2)
+        await pool.wait_ready()
+        pids_before = set(pool.pids)
+        started = time.monotonic()
+        stuck = asyncio.create_task(pool.run(time.sleep, (60,), timeout_s=1.0))  # uninterrupted, like C code
+        # the other worker keeps scoring meanwhile
+        assert [await pool.run(operator.add, (i, 1), timeout_s=5.0) for i in range(3)] == [1, 2, 3]
+        with pytest.raises(TimeoutError):
+            await stuck
+        elapsed = time.monotonic() - started
+        replaced = pids_before - set(pool.pids)
+        assert elapsed < 3.0 and pool.num_replaced == 1 and len(replaced) == 1
+        assert not _alive(replaced.pop())
+        # both workers serve again (the replacement included)
+        results = await asyncio.gather(*(pool.run(operator.mul, (i, 2), timeout_s=60.0) for i in range(4)))
+        assert results == [0, 2, 4, 6]
+        pool.close()
+    asyncio.run(scenario())
+
+
+def test_scorer_errors_and_dead_workers_cost_one_job():
+    async def scenario():
+        pool = WorkerPool(1)
+        with pytest.raises(ScorerFailed, match="ValueError"):
+            await pool.run(int, ("not a number",), timeout_s=60.0)
+        with pytest.raises(ScorerFailed, match="died"):
+            await pool.run(os._exit, (3,), timeout_s=60.0)
+        assert await pool.run(operator.add, (2, 2), timeout_s=60.0) == 4
+        assert pool.num_replaced == 1
+        pool.close()
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_caller_does_not_lose_the_worker():
+    async def scenario():
+        pool = WorkerPool(1)
+        await pool.wait_ready()
+        job = asyncio.create_task(pool.run(time.sleep, (0.5,), timeout_s=5.0))
+        await asyncio.sleep(0.1)
+        job.cancel()  # e.g. the gRPC client gave up
+        assert await asyncio.wait_for(pool.run(operator.add, (1, 1), timeout_s=5.0), 10.0) == 2
+        pool.close()
+    asyncio.run(scenario())
+
+
+def test_engine_scores_math_and_code_and_survives_pathological_items():
+    settings = RewardSettings(tasks={"math": "math", "code": "code"}, num_workers=2, item_timeout_s=4.0,
+                              sandbox={"cpu_s": 1, "wall_s": 2.0})
+    tests = json.dumps({"tests": ["assert f(2) == 4", "assert f(3) == 9"], "entry_point": "f"})
+    items = [ScoreItem("math", "q", r"\boxed{\frac{3}{4}}", "0.75"),
+             ScoreItem("math", "q", r"\boxed{(10^{100000})!}", "2"),        # math-verify's own timeout
+             ScoreItem("math", "q", r"\boxed{9^{9^{9^{9}}}}", "1"),
+             ScoreItem("math", "q", "so 0.7", "3/4"),
+             ScoreItem("code", "q", "def f(x):\n    return x * x", tests),
+             ScoreItem("code", "q", "def f(x):\n    return 4", tests),
+             ScoreItem("code", "q", "while True:\n    pass", tests),
+             ScoreItem("code", "q", "def f(x): return x", "not json"),      # bad ground truth: 0, batch goes on
+             ScoreItem("math", "q", "42", "")]                              # unparsable ground truth
+
+    async def scenario():
+        engine = RewardEngine(settings, structlog.get_logger())
+        await engine.warm_up()
+        started = time.monotonic()
+        results = await engine.score(items)
+        elapsed = time.monotonic() - started
+        again = await engine.score(items[:1] + items[4:5])
+        engine.close()
+        return results, elapsed, again
+
+    results, elapsed, again = asyncio.run(scenario())
+    assert [r.reward for r in results] == [1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 0.0]
+    assert [r.correct for r in results] == [True, False, False, False, True, False, False, False, False]
+    assert elapsed < 15.0, elapsed
+    assert [r.correct for r in again] == [True, True]
+
+
+def test_code_task_needs_an_item_timeout_above_the_sandbox_wall_clock():
+    with pytest.raises(ValidationError, match="sandbox.wall_s"):
+        RewardSettings(tasks={"code": "code"}, item_timeout_s=3.0, sandbox={"wall_s": 3.0})
+    RewardSettings(tasks={"math": "math"}, item_timeout_s=3.0, sandbox={"wall_s": 3.0})  # no code task: fine
