@@ -1,6 +1,7 @@
 """The `tandem` command.
 
     tandem run [CONFIG.yaml] [section.key=value ...]   run an experiment (default: the embedded demo)
+    tandem run [CONFIG.yaml] --resume [...]   continue logger.run_name from its latest checkpoint
     tandem status [--coordinator HOST:PORT | --run-dir DIR]   live services and progress of a run
 """
 
@@ -24,11 +25,17 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {exc}")
         return 2
     from coordinator.launcher import ServiceDied
+    from coordinator.resume import NothingToResume
     from coordinator.run import Run
 
+    try:
+        run = Run(cfg, console, resume=args.resume)
+    except NothingToResume as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        summary = Run(cfg, console).execute()
+        summary = run.execute()
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130
@@ -58,10 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run an experiment (no CONFIG: the embedded tiny-model demo)")
     run.add_argument("config", nargs="?", default=None, help="experiment YAML (NeMo-RL schema)")
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_num_steps=10")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run named by logger.run_name from its latest complete checkpoint")
     status = sub.add_parser("status", help="show a running experiment's services and progress")
     status.add_argument("--coordinator", default=None, help="host:port of the coordinator")
     status.add_argument("--run-dir", type=Path, default=None, help="run directory (reads its coordinator.addr)")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)  # overrides may follow a flag: `run CFG --resume a.b=c`
+    if args.command != "run" and extra or any(e.startswith("-") for e in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "run":
+        args.overrides += extra
     if args.command == "run" and args.config and "=" in args.config:
         args.overrides.insert(0, args.config)  # `tandem run a.b=c` with no file
         args.config = None

@@ -49,6 +49,7 @@ class LocalCluster:
             launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
             self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
                                    check=self.launcher.check)
+            self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
         except BaseException:
             self.close()
             raise

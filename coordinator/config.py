@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from reward_svc.config import SandboxLimits, ScorerName
+from trainer_svc.types import GrpoLossConfig
 
 
 class ConfigError(ValueError):
@@ -100,8 +101,60 @@ class LossConfig(_Section):
     ratio_clip_min: float = Field(0.2, ge=0)
     ratio_clip_max: float = Field(0.2, ge=0)
     use_importance_sampling_correction: bool = True
-    token_level_loss: Literal[True] = True
-    """Token-level normalisation over the global batch (sequence-level: not yet)."""
+    token_level_loss: bool = True
+    """True: token mean over the global batch. False: per-sequence token mean, then mean over sequences."""
+    ratio_clip_c: float | None = Field(None, gt=1)
+    """Dual-clip constant for negative advantages (usually 3); null: off."""
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
+    kl_input_clamp_value: float | None = Field(20.0, gt=0)
+    kl_output_clamp_value: float | None = Field(10.0, gt=0)
+    use_on_policy_kl_approximation: bool = False
+    sequence_level_importance_ratios: bool = False
+    """GSPO's per-sequence ratio; needs token_level_loss: false."""
+    truncated_importance_sampling_ratio: float | None = Field(None, gt=0)
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] = "tis"
+    truncated_importance_sampling_ratio_min: float | None = Field(None, ge=0)
+    disable_ppo_ratio: bool = False
+    """REINFORCE/RLOO policy gradient -A * logprob (no ratio, no clip)."""
+    force_on_policy_ratio: bool = False
+    use_kl_in_reward: bool = False
+    """Subtract reference_policy_kl_penalty x sequence KL from each reward instead of adding KL to the loss."""
+
+    @model_validator(mode="after")
+    def _valid_combination(self) -> LossConfig:
+        if self.use_kl_in_reward and not self.reference_policy_kl_penalty > 0:
+            raise ValueError("use_kl_in_reward needs reference_policy_kl_penalty > 0 (the KL coefficient)")
+        self.trainer_loss()  # raises ValueError naming the conflicting keys
+        return self
+
+    def trainer_loss(self) -> GrpoLossConfig:
+        """The trainer's loss for these keys (no KL term in it when the KL goes into the reward)."""
+        fields = self.model_dump(exclude={"use_kl_in_reward"})
+        if self.use_kl_in_reward:
+            fields["reference_policy_kl_penalty"] = 0.0
+        return GrpoLossConfig(**fields)
+
+
+class AdvEstimatorConfig(_Section):
+    """grpo.adv_estimator: how rewards become advantages (coordinator/advantages.py)."""
+
+    name: Literal["grpo", "reinforce_plus_plus", "raw_reward"] = "grpo"
+    """grpo: group baseline (grpo.use_leave_one_out_baseline; RLOO without grpo.normalize_rewards) and
+    optional std normalisation; reinforce_plus_plus: group-mean baseline (minus_baseline), then
+    normalisation over the batch's tokens; raw_reward: the reward itself (plain REINFORCE)."""
+    minus_baseline: bool = True
+    """reinforce_plus_plus: subtract the group mean before the batch normalisation."""
+
+
+class RewardShapingConfig(_Section):
+    """grpo.reward_shaping: DAPO's overlong penalty, linear over the last overlong_buffer_length
+    tokens of the budget: min(0, -(length - (max - buffer)) / buffer * penalty)."""
+
+    enabled: bool = False
+    overlong_buffer_length: int = Field(128, gt=0)
+    overlong_buffer_penalty: float = Field(1.0, ge=0)
+    max_response_length: int | None = Field(None, gt=0)
+    """Completion budget in tokens; null: policy.generation.max_new_tokens."""
 
 
 class GRPOConfig(_Section):
@@ -112,6 +165,18 @@ class GRPOConfig(_Section):
     normalize_rewards: bool = True
     """Divide advantages by the group's reward std."""
     use_leave_one_out_baseline: bool = True
+    adv_estimator: AdvEstimatorConfig = AdvEstimatorConfig()
+    advantage_clip: float | None = Field(None, gt=0)
+    """Clamp advantages to [-advantage_clip, advantage_clip]; null: no clamp."""
+    use_dynamic_sampling: bool = False
+    """DAPO: drop prompt groups whose rewards all agree and draw more prompts until the batch is full."""
+    batch_multiplier: float = Field(1.0, ge=1)
+    """Dynamic sampling draws batch_multiplier x num_prompts_per_step prompts per generation round."""
+    dynamic_sampling_max_gen_batches: int = Field(10, ge=1)
+    """Generation rounds allowed to fill one batch before the step fails."""
+    overlong_filtering: bool = False
+    """Truncated completions get no loss (they still count in their group's baseline)."""
+    reward_shaping: RewardShapingConfig = RewardShapingConfig()
     val_period: int = Field(10, ge=0)
     """Validate every this many steps (0: only at the start and the end)."""
     val_at_start: bool = True
@@ -163,6 +228,10 @@ class EnvConfig(_Section):
     item_timeout_s: float = Field(5.0, gt=0)
     sandbox: SandboxLimits = SandboxLimits()
     """Limits of the code sandbox (scorer: code)."""
+    max_turns: int = Field(4, ge=1)
+    """Multi-turn scorers (calculator): most model turns per episode; then it ends, truncated."""
+    max_tool_calls: int = Field(2, ge=0)
+    """scorer: calculator: tool calls allowed per episode; one more ends it with reward 0."""
 
 
 class ClusterConfig(_Section):
@@ -212,6 +281,16 @@ class ExperimentConfig(_Section):
                              f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples})")
         if self.data.default_task not in self.env:
             raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
+        return self
+
+    @model_validator(mode="after")
+    def _dapo_consistent(self) -> ExperimentConfig:
+        shaping = self.grpo.reward_shaping
+        budget = shaping.max_response_length or self.policy.generation.max_new_tokens
+        if shaping.enabled and shaping.overlong_buffer_length > budget:
+            raise ValueError(f"grpo.reward_shaping.overlong_buffer_length ({shaping.overlong_buffer_length}) must not "
+                             f"exceed the completion budget ({budget}, grpo.reward_shaping.max_response_length or "
+                             "policy.generation.max_new_tokens)")
         return self
 
 

@@ -87,3 +87,7 @@ class Tokens:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of text without special tokens (e.g. an environment's observation)."""
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])

@@ -41,7 +41,7 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
 def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
     env = cfg.env[task]
     return RewardSettings(tasks={task: env.scorer}, num_workers=env.num_workers, item_timeout_s=env.item_timeout_s,
-                          sandbox=env.sandbox)
+                          sandbox=env.sandbox, max_tool_calls=env.max_tool_calls)
 
 
 def scratch_root(run_dir: Path) -> Path:
@@ -73,7 +73,8 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
     for task in cfg.env:
         name = f"reward-{task}"
         launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
-                                                       write(name, reward_settings(cfg, task)), *common)))
+                                                       write(name, reward_settings(cfg, task)), *common),
+                                   essential=False))  # swappable: its calls are retried (coordinator/scoring.py)
 
 
 def all_registered(cfg: ExperimentConfig):

@@ -25,6 +25,9 @@ class ServiceSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    essential: bool = True
+    """False for a service the run can lose (a reward service: swapped or restarted while the
+    run goes on, its calls retried): its exit is logged, not raised by check()."""
 
 
 @dataclass
@@ -32,6 +35,7 @@ class _Child:
     spec: ServiceSpec
     process: subprocess.Popen
     log_path: Path
+    exit_logged: bool = False
 
 
 class LocalLauncher:
@@ -40,6 +44,8 @@ class LocalLauncher:
         self._base_env = base_env
         self._log = log
         self._children: list[_Child] = []
+        self.tolerate_nonessential_exits = False
+        """Set once every service has started: until then any exit is fatal (a bad setting)."""
 
     def start(self, spec: ServiceSpec) -> None:
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -52,10 +58,14 @@ class LocalLauncher:
         self._log.info("service_started", name=spec.name, pid=process.pid, log=str(log_path))
 
     def check(self) -> None:
-        """Raise ServiceDied (with the tail of its log) if any child has exited."""
+        """Raise ServiceDied (with the tail of its log) if any essential child has exited."""
         for child in self._children:
             code = child.process.poll()
-            if code is not None:
+            if code is not None and not child.spec.essential and self.tolerate_nonessential_exits:
+                if not child.exit_logged:
+                    self._log.warning("service_exited", name=child.spec.name, pid=child.process.pid, code=code)
+                    child.exit_logged = True
+            elif code is not None:
                 tail = _tail(child.log_path)
                 raise ServiceDied(f"service {child.spec.name} (pid {child.process.pid}) exited with code {code}; "
                                   f"last lines of {child.log_path}:\n{tail}")

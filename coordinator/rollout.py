@@ -2,18 +2,32 @@
 the completions back, and re-send the prompts of a generator that fails mid-request.
 
 A prompt's n samples always come from one generator call, so every group is sampled with
-one weight version.
+one weight version. Sample j of prompt p is seeded `seed + p * n + j` whichever generator
+serves it (a share is sent as calls over contiguous prompt ranges), so a re-sent prompt is
+sampled exactly as it would have been on the generator that died.
+
+A generator fails in one of two ways: its call errors (a killed process resets the
+connection: the stream raises at once), or its call hangs (a stopped or wedged process
+keeps the connection open). The second is noticed through membership: while calls are in
+flight the live generators are asked for every `poll_s`, and a generator that left them
+(no heartbeat) is reported through `on_failure`, which closes its channel and so cancels
+its streams; either way its prompts go to the generators still alive.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 import grpc
 
 from generator_svc.types import Completion, SamplingConfig
+
+# A request the generator refused as malformed fails the same way everywhere: no re-send.
+_FATAL_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED}
 
 
 @dataclass(frozen=True)
@@ -37,17 +51,33 @@ def split_by_capacity(num_prompts: int, capacities: Sequence[int]) -> list[range
     return bounds
 
 
+def contiguous_runs(indices: Sequence[int]) -> list[list[int]]:
+    """[0, 1, 2, 5, 6, 9] -> [[0, 1, 2], [5, 6], [9]]."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and runs[-1][-1] + 1 == index:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
 class RolloutError(RuntimeError):
     """No live generator could finish the rollout."""
 
 
+class GeneratorLost(ConnectionError):
+    """A generator left the live members while it held prompts of this rollout."""
+
+
 def generate(prompts: list[list[int]], sampling: SamplingConfig, generators: Callable[[], list[GeneratorHandle]],
              on_failure: Callable[[GeneratorHandle, Exception], None], log, *, max_rounds: int = 5,
-             timeout_s: float = 600.0) -> list[list[Completion]]:
+             timeout_s: float = 600.0, poll_s: float = 0.5) -> list[list[Completion]]:
     """Completions per prompt (n each, ordered by sample index).
 
-    `generators()` returns the live generators (it is asked again after a failure);
-    `on_failure` tells membership about a generator whose call failed.
+    `generators()` returns the live generators (asked again after a failure and, while
+    calls are in flight, every poll_s); `on_failure` tells membership about a generator
+    whose call failed or that left, and must close its client (that cancels its calls).
     """
     results: dict[int, list[Completion]] = {}
     pending = list(range(len(prompts)))
@@ -55,33 +85,64 @@ def generate(prompts: list[list[int]], sampling: SamplingConfig, generators: Cal
         live = generators()
         if not live:
             raise RolloutError("no live generator")
-        shares = split_by_capacity(len(pending), [g.capacity for g in live])
-        with ThreadPoolExecutor(len(live)) as pool:
-            futures = {}
-            for handle, share in zip(live, shares):
-                indices = [pending[i] for i in share]
-                if indices:
-                    futures[pool.submit(_run_share, handle, prompts, indices, sampling, timeout_s)] = (handle, indices)
-            failed: list[int] = []
-            for future in as_completed(futures):
-                handle, indices = futures[future]
-                try:
-                    results.update(future.result())
-                except grpc.RpcError as exc:
-                    log.warning("generator_failed", member_id=handle.member_id, prompts=len(indices),
-                                code=exc.code().name if hasattr(exc, "code") else "?")
-                    on_failure(handle, exc)
-                    failed.extend(indices)
-        pending = sorted(failed)
+        pending = _round(prompts, pending, live, sampling, generators, on_failure, log, results, timeout_s, poll_s)
         if not pending:
             return [results[i] for i in range(len(prompts))]
         log.info("rollout_resend", prompts=len(pending))
     raise RolloutError(f"{len(pending)} prompts still unfinished after {max_rounds} rounds")
 
 
+def _round(prompts, pending: list[int], live: list[GeneratorHandle], sampling: SamplingConfig, generators,
+           on_failure, log, results: dict[int, list[Completion]], timeout_s: float, poll_s: float) -> list[int]:
+    """Send `pending` over `live` once; returns the prompts whose generator failed."""
+    calls: list[tuple[GeneratorHandle, list[int]]] = []
+    for handle, share in zip(live, split_by_capacity(len(pending), [g.capacity for g in live])):
+        calls += [(handle, run) for run in contiguous_runs([pending[i] for i in share])]
+    failed: list[int] = []
+    lost: set[str] = set()
+
+    def fail(handle: GeneratorHandle, exc: Exception, num_prompts: int) -> None:
+        if handle.member_id not in lost:
+            lost.add(handle.member_id)
+            log.warning("generator_failed", member_id=handle.member_id, prompts=num_prompts,
+                        error=f"{exc.code().name}" if isinstance(exc, grpc.RpcError) else repr(exc),
+                        detected_at=time.time())
+            on_failure(handle, exc)
+
+    pool = ThreadPoolExecutor(len(calls), thread_name_prefix="rollout")
+    try:
+        futures = {pool.submit(_run_share, h, prompts, run, sampling, timeout_s): (h, run) for h, run in calls}
+        outstanding = set(futures)
+        while outstanding:
+            done, outstanding = wait(outstanding, timeout=poll_s, return_when=FIRST_COMPLETED)
+            for future in done:
+                handle, run = futures[future]
+                exc = future.exception()
+                if exc is None:  # complete groups are kept even if the generator died afterwards
+                    results.update(future.result())
+                    continue
+                if isinstance(exc, grpc.RpcError) and exc.code() in _FATAL_CODES:
+                    raise exc
+                if exc is not None and not isinstance(exc, grpc.RpcError | RolloutError):
+                    raise exc
+                fail(handle, exc or GeneratorLost(handle.member_id), len(run))
+                failed.extend(run)
+            if outstanding:
+                live_ids = {g.member_id for g in generators()}
+                for future in [f for f in outstanding if futures[f][0].member_id not in live_ids]:
+                    handle, run = futures[future]
+                    fail(handle, GeneratorLost(f"generator {handle.member_id} left the live members"), len(run))
+                    outstanding.discard(future)  # its thread ends once on_failure closed the channel
+                    failed.extend(run)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return sorted(failed)
+
+
 def _run_share(handle: GeneratorHandle, prompts: list[list[int]], indices: list[int], sampling: SamplingConfig,
                timeout_s: float) -> dict[int, list[Completion]]:
-    # Distinct seeds per prompt across shares: the generator seeds prompt i with seed + i*n.
+    """One call for a contiguous range of prompts; the generator seeds its prompt i with
+    seed + i*n, so offsetting the seed by indices[0]*n keeps every sample's seed global."""
     share_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + indices[0] * sampling.n)
     by_prompt: dict[int, list[Completion]] = {i: [] for i in indices}
     for completion in handle.client.generate([prompts[i] for i in indices], share_sampling,

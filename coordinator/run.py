@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from coordinator import checkpoint
+from coordinator import resume as resuming
 from coordinator.cluster import LocalCluster
 from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
@@ -24,6 +25,7 @@ from coordinator.algorithms.sft import sft_steps
 from coordinator.config import ExperimentConfig
 from coordinator.data import PromptCursor, Tokens, read_jsonl
 from coordinator.metrics import MetricsLog, plot_curves
+from coordinator.scoring import check_tasks_configured
 from coordinator.services import Services
 from coordinator.status import RunStatus
 from coordinator.validation import validate
@@ -72,10 +74,12 @@ def run_token(run_dir: Path) -> str:
 
 
 class Run:
-    def __init__(self, cfg: ExperimentConfig, console: Console | None = None):
+    def __init__(self, cfg: ExperimentConfig, console: Console | None = None, resume: bool = False):
         self.cfg = cfg
         self.console = console or Console(stderr=True)
+        self.resume_from = resuming.find_for(cfg) if resume else None  # raises NothingToResume
         self.run_dir = make_run_dir(cfg)
+        self.accuracy_before: float | None = None
         self._log_file = open(self.run_dir / "logs" / "coordinator.log", "a")
         self.log = configure_logging("coordinator", file=self._log_file, json=True).bind(run_id=self.run_dir.name)
         self.status = RunStatus(self.run_dir.name)
@@ -89,6 +93,8 @@ class Run:
         started = time.perf_counter()
         self.console.print(f"[bold]Tandem run[/] {self.run_dir}")
         model_dir, train_path, val_path = prepare_inputs(cfg)
+        check_tasks_configured({str(p): {e.task for e in read_jsonl(p, cfg.data)} for p in (train_path, val_path) if p},
+                               set(cfg.env))  # before any service starts
         token = run_token(self.run_dir)
         cluster = LocalCluster(cfg, model_dir, self.run_dir, token, log, self.status)
         with self.console.status("starting services (trainer, generators, rewards)..."):
@@ -114,30 +120,38 @@ class Run:
         train = read_jsonl(train_path, cfg.data)
         val = read_jsonl(val_path, cfg.data)[: cfg.grpo.max_val_samples] if val_path else []
         info = services.trainer.info()
-        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log)
+        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log,
+                                    on_dead=services.generator_failed)
+        services.weights = publisher  # rollouts use only generators serving the published version
         ctx = LoopContext(cfg, services, tokens, PromptCursor(train, cfg.sft.seed), publisher, log)
+        resumed = self._resume(ctx) if self.resume_from is not None else None
 
         summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
         clock = time.perf_counter()
-        accuracy_start = self._warm_start(ctx, val, check_alive) if cfg.sft.max_num_steps else None
+        accuracy_start = self._warm_start(ctx, val, check_alive) if cfg.sft.max_num_steps and not resumed else None
         self.timings["sft_s"] = time.perf_counter() - clock
         clock = time.perf_counter()
-        if accuracy_start is None and val:
+        if resumed is not None:
+            accuracy_start = resumed.accuracy_before
+        elif accuracy_start is None and val:
             ctx.publish()
             accuracy_start = self._validate(ctx, val, step=0)
         elif accuracy_start is not None:
             self.metrics.log("val", 0, {"accuracy": accuracy_start})  # GRPO's starting point, for the plot
-        summary["accuracy_before"] = accuracy_start
+        summary["accuracy_before"] = self.accuracy_before = accuracy_start
         ctx.cursor = PromptCursor(train, cfg.grpo.seed)
+        if resumed is not None:
+            ctx.cursor.load_state(resumed.cursor)
         if cfg.grpo.max_num_steps:
             def step_fn(step: int) -> dict:
                 metrics = grpo_step(ctx, step)
                 if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
                     metrics["val_accuracy"] = self._validate(ctx, val, step)
                 if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
-                    self._checkpoint(ctx, step)
+                    self._checkpoint(ctx, step, metrics)
                 return metrics
-            self._loop("grpo", cfg.grpo.max_num_steps, step_fn, check_alive)
+            self._loop("grpo", cfg.grpo.max_num_steps, step_fn, check_alive,
+                       first_step=resumed.step + 1 if resumed else 1)
         accuracy_end = self._validate(ctx, val, step=cfg.grpo.max_num_steps) if val else None
         self.timings["grpo_s"] = time.perf_counter() - clock
         summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
@@ -180,19 +194,42 @@ class Run:
         self.log.info("validation", step=step, **result)
         return result["accuracy"]
 
-    def _checkpoint(self, ctx: LoopContext, step: int) -> None:
-        root = Path(self.cfg.checkpointing.checkpoint_dir or self.run_dir / "checkpoints")
-        state = {"step": step, "weight_version": ctx.publisher.version, "cursor": ctx.cursor.state(),
-                 "metrics": self.metrics.history}
-        checkpoint.save(root, step, state, ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log)
+    def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float]) -> None:
+        root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
+        row = {"phase": "grpo", "step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        state = resuming.LoopState(step=step, weight_version=ctx.publisher.version, cursor=ctx.cursor.state(),
+                                   metrics=[*self.metrics.history, row],  # this step's row is logged after
+                                   sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
+                                   rng=resuming.capture_rng())
+        started = time.perf_counter()
+        checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log)
+        self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + time.perf_counter() - started
 
-    def _loop(self, phase: str, num_steps: int, step_fn, check_alive, stop=lambda metrics: False) -> None:
+    def _resume(self, ctx: LoopContext) -> resuming.LoopState:
+        """Load the checkpoint into the trainer, restore the loop's state, and publish the
+        restored weights to the generators under the version the checkpoint holds."""
+        path, state = self.resume_from
+        started = time.perf_counter()
+        ctx.services.trainer.load_checkpoint(str((path / "trainer").resolve()))
+        ctx.publisher.publish(ctx.services.all_generators(), version=state.weight_version)
+        self.metrics.history = list(state.metrics)
+        resuming.rewrite_metrics(self.metrics.path, state.metrics)
+        resuming.restore_rng(state.rng)
+        self.sft_steps = state.sft_steps
+        self.timings["resume_s"] = time.perf_counter() - started
+        self.log.info("resumed", path=str(path), step=state.step, weight_version=state.weight_version,
+                      seconds=round(self.timings["resume_s"], 3))
+        self.console.print(f"resumed from {path} (GRPO step {state.step}, weight version {state.weight_version})")
+        return state
+
+    def _loop(self, phase: str, num_steps: int, step_fn, check_alive, stop=lambda metrics: False,
+              first_step: int = 1) -> None:
         self.status.update(phase=phase, step=0, total_steps=num_steps)
         columns = [TextColumn(f"[bold]{phase:>4}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}")]
         with Progress(*columns, console=self.console, transient=False) as progress:
-            task = progress.add_task("", total=num_steps)
-            for step in range(1, num_steps + 1):
+            task = progress.add_task("", total=num_steps, completed=first_step - 1)
+            for step in range(first_step, num_steps + 1):
                 check_alive()
                 self.status.update(phase=phase)
                 metrics = step_fn(step)

@@ -21,6 +21,7 @@ class Services:
         self._log = log
         self._clients: dict[str, object] = {}
         self._trainer: TrainerClient | None = None
+        self.weights = None  # a WeightPublisher: generators() then admits only those serving its version
 
     def _client(self, member: Member, factory):
         client = self._clients.get(member.member_id)
@@ -35,9 +36,16 @@ class Services:
             raise RuntimeError("no live trainer")
         return self._client(trainers[0], TrainerClient)
 
-    def generators(self) -> list[GeneratorHandle]:
+    def all_generators(self) -> list[GeneratorHandle]:
+        """Every live generator, whatever weights it serves (what a publish goes to)."""
         return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity)
                 for m in self._registry.live("generator")]
+
+    def generators(self) -> list[GeneratorHandle]:
+        """The live generators that may get work: with a publisher set, only those serving
+        its version (stale ones are brought up to date first where possible)."""
+        handles = self.all_generators()
+        return handles if self.weights is None else self.weights.admit(handles)
 
     def generator_failed(self, handle: GeneratorHandle, exc: Exception) -> None:
         self._registry.remove(handle.member_id, reason=f"rpc failed: {exc}")
@@ -46,11 +54,23 @@ class Services:
             client.close()
 
     def rewards(self) -> RewardRouter:
+        """Routes by task to the live reward services, looked up again before every call (so a
+        swapped service takes over at once), retrying a dead one's calls (coordinator/scoring.py)."""
+        return RewardRouter(self._reward_clients(), refresh=self._reward_clients, on_failure=self._reward_failed,
+                            log=self._log)
+
+    def _reward_clients(self) -> dict[str, RewardClient]:
         by_task: dict[str, RewardClient] = {}
-        for member in self._registry.live("reward"):
+        for member in self._registry.live("reward"):  # sorted by member id: a task served twice takes one
             for task in member.tasks:
-                by_task[task] = self._client(member, RewardClient)
-        return RewardRouter(by_task)
+                by_task.setdefault(task, self._client(member, RewardClient))
+        return by_task
+
+    def _reward_failed(self, client: RewardClient, exc: Exception) -> None:
+        for member_id, known in list(self._clients.items()):
+            if known is client:
+                self._registry.remove(member_id, reason=f"rpc failed: {exc}")
+                self._clients.pop(member_id).close()
 
     def close(self) -> None:
         for client in self._clients.values():

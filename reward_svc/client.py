@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protos.tandem.reward.v1 import reward_pb2 as pb
 from protos.tandem.reward.v1 import reward_pb2_grpc as pb_grpc
-from reward_svc.types import RewardInfo, ScoreItem, ScoreResult
+from reward_svc.types import RewardInfo, ScoreItem, ScoreResult, StepItem, StepResult
 from tandem.rpc import open_channel
 
 
@@ -17,13 +17,24 @@ class RewardClient:
 
     def info(self) -> RewardInfo:
         reply = self._stub.GetInfo(pb.GetInfoRequest(), timeout=10.0)
-        return RewardInfo(tasks=tuple(reply.tasks), scorers=dict(reply.scorers))
+        return RewardInfo(tasks=tuple(reply.tasks), scorers=dict(reply.scorers),
+                          multi_turn_tasks=tuple(reply.multi_turn_tasks))
 
     def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
         request = pb.ScoreRequest(items=[pb.ScoreItem(task=i.task, prompt=i.prompt, completion=i.completion,
                                                       ground_truth=i.ground_truth) for i in items])
         reply = self._stub.Score(request, timeout=self._timeout_s)
         return [ScoreResult(reward=r.reward, correct=r.correct) for r in reply.results]
+
+    def step(self, items: list[StepItem]) -> list[StepResult]:
+        """Advance each episode by one turn (RewardService.Step)."""
+        request = pb.StepRequest(items=[
+            pb.StepItem(task=i.task, prompt=i.prompt, ground_truth=i.ground_truth, completion=i.completion,
+                        history=[pb.Turn(completion=t.completion, observation=t.observation) for t in i.history])
+            for i in items])
+        reply = self._stub.Step(request, timeout=self._timeout_s)
+        return [StepResult(done=r.done, observation=r.observation, reward=r.reward, correct=r.correct)
+                for r in reply.results]
 
     def close(self) -> None:
         self._channel.close()

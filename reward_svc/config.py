@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ScorerName = Literal["exact", "math", "code"]
+ScorerName = Literal["exact", "math", "code", "calculator"]
+MULTI_TURN_SCORERS = frozenset({"calculator"})
+"""Scorers whose episodes take several turns (the RewardService.Step protocol)."""
 
 # What the sandbox needs beyond its wall clock: two interpreter starts, namespace setup, teardown.
 SANDBOX_STARTUP_MARGIN_S = 1.0
@@ -45,13 +47,16 @@ class RewardSettings(BaseModel):
     tasks: dict[str, ScorerName] = Field(default_factory=lambda: {"arithmetic": "exact"})
     """Task name -> scorer. `exact`: the completion's first line equals the answer;
     `math`: math-verify equivalence (boxed, plain numbers, LaTeX); `code`: the fraction of the
-    item's tests that the completion's Python passes, run in the sandbox."""
+    item's tests that the completion's Python passes, run in the sandbox; `calculator`: a
+    multi-turn arithmetic task with a calculator tool (reward_svc/envs/calculator.py)."""
     num_workers: int = Field(1, ge=1)
     """Worker processes that run the scorers (never the gRPC thread)."""
     item_timeout_s: float = Field(5.0, gt=0)
     """Per-item scoring time limit; an item over it scores 0 and its worker is killed and replaced."""
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
     """Limits of the code sandbox (used by `code` tasks)."""
+    max_tool_calls: int = Field(2, ge=0)
+    """`calculator` tasks: tool calls allowed per episode; one more ends it with reward 0."""
 
     @model_validator(mode="after")
     def _timeout_covers_sandbox(self) -> RewardSettings:

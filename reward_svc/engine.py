@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from reward_svc.config import RewardSettings
-from reward_svc.envs import code, exact, math
-from reward_svc.types import RewardInfo, ScoreItem, ScoreResult
+from reward_svc.config import MULTI_TURN_SCORERS, RewardSettings
+from reward_svc.envs import calculator, code, exact, math
+from reward_svc.types import RewardInfo, ScoreItem, ScoreResult, StepItem, StepResult, Turn
 from reward_svc.workers import ScorerFailed, WorkerPool
 
 _SCORERS = {
@@ -23,13 +23,25 @@ _SCORERS = {
     "math": lambda completion, truth, settings: math.score(completion, truth,
                                                            timeout_s=max(1, int(settings.item_timeout_s / 4))),
     "code": lambda completion, truth, settings: code.score(completion, truth, settings.sandbox),
+    "calculator": lambda completion, truth, settings: calculator.score(completion, truth),
 }
+# Multi-turn environments: step(prompt, ground_truth, history, completion, settings) -> StepResult.
+_STEPPERS = {
+    "calculator": lambda prompt, truth, history, completion, settings: calculator.step(
+        prompt, truth, history, completion, settings.max_tool_calls),
+}
+assert set(_STEPPERS) == MULTI_TURN_SCORERS
 _ZERO = ScoreResult(reward=0.0, correct=False)
 _SELF_TEST = json.dumps({"tests": ["assert twice(2) == 4", "assert twice(3) == 7"], "entry_point": "twice"})
 
 
 def _score_one(scorer: str, completion: str, ground_truth: str, settings: RewardSettings) -> ScoreResult:
     return _SCORERS[scorer](completion, ground_truth, settings)
+
+
+def _step_one(scorer: str, prompt: str, ground_truth: str, history: tuple[Turn, ...], completion: str,
+              settings: RewardSettings) -> StepResult:
+    return _STEPPERS[scorer](prompt, ground_truth, history, completion, settings)
 
 
 def _import_scorers() -> None:
@@ -60,13 +72,39 @@ class RewardEngine:
                 raise RuntimeError(f"the code sandbox failed its self-test (reward {reward}, expected 0.5)")
 
     def info(self) -> RewardInfo:
-        return RewardInfo(tasks=tuple(self._settings.tasks), scorers=dict(self._settings.tasks))
+        tasks = self._settings.tasks
+        return RewardInfo(tasks=tuple(tasks), scorers=dict(tasks),
+                          multi_turn_tasks=tuple(t for t, s in tasks.items() if s in MULTI_TURN_SCORERS))
 
     async def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        self._check_tasks(items)
+        return list(await asyncio.gather(*(self._score_item(item) for item in items)))
+
+    async def step(self, items: list[StepItem]) -> list[StepResult]:
+        """Advance each episode by one turn. A single-turn task's episode ends at its first
+        turn, with the completion's score; an environment that fails or times out ends the
+        episode with reward 0 (the batch goes on)."""
+        self._check_tasks(items)
+        return list(await asyncio.gather(*(self._step_item(item) for item in items)))
+
+    def _check_tasks(self, items: list[ScoreItem] | list[StepItem]) -> None:
         unknown = sorted({i.task for i in items} - set(self._settings.tasks))
         if unknown:
             raise ValueError(f"tasks {unknown} are not served here; this service scores {sorted(self._settings.tasks)}")
-        return list(await asyncio.gather(*(self._score_item(item) for item in items)))
+
+    async def _step_item(self, item: StepItem) -> StepResult:
+        scorer = self._settings.tasks[item.task]
+        if scorer not in MULTI_TURN_SCORERS:
+            result = await self._score_item(ScoreItem(item.task, item.prompt, item.completion, item.ground_truth))
+            return StepResult(done=True, reward=result.reward, correct=result.correct)
+        try:
+            return await self._pool.run(_step_one, (scorer, item.prompt, item.ground_truth, item.history,
+                                                    item.completion, self._settings), self._settings.item_timeout_s)
+        except TimeoutError:
+            self._log.warning("step_timeout", task=item.task, timeout_s=self._settings.item_timeout_s)
+        except ScorerFailed as exc:
+            self._log.warning("step_failed", task=item.task, error=str(exc)[:500])
+        return StepResult(done=True)
 
     async def _score_item(self, item: ScoreItem) -> ScoreResult:
         scorer = self._settings.tasks[item.task]

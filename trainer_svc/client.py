@@ -28,11 +28,30 @@ from trainer_svc.types import (
 
 _POLICIES = {"current": pb.POLICY_KIND_CURRENT, "reference": pb.POLICY_KIND_REFERENCE}
 _BACKENDS = {pb.BACKEND_DTENSOR: "dtensor", pb.BACKEND_MEGATRON: "megatron"}
+_KL_TYPES = {"k1": pb.KL_TYPE_K1, "k2": pb.KL_TYPE_K2, "k3": pb.KL_TYPE_K3}
+_TIS_TYPES = {"tis": pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_TIS, "icepop": pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP,
+              "seq-mask-tis": pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS}
 
 
 def _sample_pb(s: Sample) -> pb.Sample:
     return pb.Sample(token_ids=list(s.token_ids), prompt_length=s.prompt_length, loss_mask=list(s.loss_mask or ()),
                      generation_logprobs=list(s.generation_logprobs or ()), advantage=s.advantage)
+
+
+def _grpo_loss_pb(loss: GrpoLossConfig) -> pb.GrpoLoss:
+    return pb.GrpoLoss(
+        ratio_clip_min=loss.ratio_clip_min, ratio_clip_max=loss.ratio_clip_max,
+        reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
+        use_importance_sampling_correction=loss.use_importance_sampling_correction,
+        ratio_clip_c=loss.ratio_clip_c, reference_policy_kl_type=_KL_TYPES[loss.reference_policy_kl_type],
+        kl_input_clamp_value=loss.kl_input_clamp_value, kl_output_clamp_value=loss.kl_output_clamp_value,
+        use_on_policy_kl_approximation=loss.use_on_policy_kl_approximation,
+        sequence_level_loss=not loss.token_level_loss,
+        sequence_level_importance_ratios=loss.sequence_level_importance_ratios,
+        truncated_importance_sampling_ratio=loss.truncated_importance_sampling_ratio,
+        truncated_importance_sampling_type=_TIS_TYPES[loss.truncated_importance_sampling_type],
+        truncated_importance_sampling_ratio_min=loss.truncated_importance_sampling_ratio_min,
+        disable_ppo_ratio=loss.disable_ppo_ratio, force_on_policy_ratio=loss.force_on_policy_ratio)
 
 
 class TrainerClient:
@@ -68,10 +87,7 @@ class TrainerClient:
                                       micro_batch_size=micro_batch_size, learning_rate=learning_rate)
         match loss:
             case GrpoLossConfig():
-                request.grpo.CopyFrom(pb.GrpoLoss(
-                    ratio_clip_min=loss.ratio_clip_min, ratio_clip_max=loss.ratio_clip_max,
-                    reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
-                    use_importance_sampling_correction=loss.use_importance_sampling_correction))
+                request.grpo.CopyFrom(_grpo_loss_pb(loss))
             case NllLossConfig():
                 request.nll.SetInParent()
             case _:

@@ -23,6 +23,10 @@ from trainer_svc.types import GrpoLossConfig, LossConfig, NllLossConfig, Sample
 SERVICE_NAME = "tandem.trainer.v1.TrainerService"
 _POLICIES = {pb.POLICY_KIND_CURRENT: "current", pb.POLICY_KIND_REFERENCE: "reference"}
 _BACKENDS = {"dtensor": pb.BACKEND_DTENSOR, "megatron": pb.BACKEND_MEGATRON}
+_KL_TYPES = {pb.KL_TYPE_UNSPECIFIED: "k3", pb.KL_TYPE_K1: "k1", pb.KL_TYPE_K2: "k2", pb.KL_TYPE_K3: "k3"}
+_TIS_TYPES = {pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_UNSPECIFIED: "tis", pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_TIS: "tis",
+              pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP: "icepop",
+              pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS: "seq-mask-tis"}
 
 
 def _sample(s: pb.Sample) -> Sample:
@@ -33,12 +37,28 @@ def _sample(s: pb.Sample) -> Sample:
 def _loss(request: pb.TrainStepRequest) -> LossConfig:
     match request.WhichOneof("loss"):
         case "grpo":
-            g = request.grpo
-            return GrpoLossConfig(g.ratio_clip_min, g.ratio_clip_max, g.reference_policy_kl_penalty,
-                                  g.use_importance_sampling_correction)
+            return _grpo_loss(request.grpo)
         case "nll":
             return NllLossConfig()
     raise ValueError("TrainStepRequest.loss is not set (grpo or nll)")
+
+
+def _grpo_loss(g: pb.GrpoLoss) -> GrpoLossConfig:
+    def opt(name: str) -> float | None:
+        return getattr(g, name) if g.HasField(name) else None
+
+    if g.reference_policy_kl_type not in _KL_TYPES or g.truncated_importance_sampling_type not in _TIS_TYPES:
+        raise ValueError("GrpoLoss: unknown reference_policy_kl_type or truncated_importance_sampling_type")
+    return GrpoLossConfig(
+        g.ratio_clip_min, g.ratio_clip_max, g.reference_policy_kl_penalty, g.use_importance_sampling_correction,
+        ratio_clip_c=opt("ratio_clip_c"), reference_policy_kl_type=_KL_TYPES[g.reference_policy_kl_type],
+        kl_input_clamp_value=opt("kl_input_clamp_value"), kl_output_clamp_value=opt("kl_output_clamp_value"),
+        use_on_policy_kl_approximation=g.use_on_policy_kl_approximation, token_level_loss=not g.sequence_level_loss,
+        sequence_level_importance_ratios=g.sequence_level_importance_ratios,
+        truncated_importance_sampling_ratio=opt("truncated_importance_sampling_ratio"),
+        truncated_importance_sampling_type=_TIS_TYPES[g.truncated_importance_sampling_type],
+        truncated_importance_sampling_ratio_min=opt("truncated_importance_sampling_ratio_min"),
+        disable_ppo_ratio=g.disable_ppo_ratio, force_on_policy_ratio=g.force_on_policy_ratio)
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):

@@ -38,15 +38,76 @@ class Sample:
         return len(self.token_ids) - self.prompt_length
 
 
+KlType = Literal["k1", "k2", "k3"]
+TruncatedImportanceSamplingType = Literal["tis", "icepop", "seq-mask-tis"]
+
+
 @dataclass(frozen=True)
 class GrpoLossConfig:
-    """NeMo-RL's ClippedPGLossFn: clipped ratio to the previous policy, optional k3 KL to the
-    reference and importance-sampling correction from the generation logprobs."""
+    """NeMo-RL's ClippedPGLossFn (field names are its `loss_fn.*` keys; `trainer_svc.losses.grpo`
+    states the formula): clipped ratio to the previous policy (clip-higher through separate
+    min/max, dual-clip through ratio_clip_c), KL to the reference, importance-sampling correction
+    from the generation logprobs (optionally truncated), token- or sequence-level normalisation
+    and GSPO's sequence-level ratio. Invalid combinations raise ValueError at construction."""
 
     ratio_clip_min: float = 0.2
     ratio_clip_max: float = 0.2
     reference_policy_kl_penalty: float = 0.0
     use_importance_sampling_correction: bool = True
+    ratio_clip_c: float | None = None
+    """Dual-clip constant (> 1): for A < 0 the token loss is at most -A * ratio_clip_c. None: off."""
+    reference_policy_kl_type: KlType = "k3"
+    kl_input_clamp_value: float | None = None
+    """Clamp of log(ref / policy) before the KL estimator (None: none)."""
+    kl_output_clamp_value: float | None = None
+    """Clamp of the per-token KL estimate (None: none)."""
+    use_on_policy_kl_approximation: bool = False
+    """Weight the per-token KL by exp(curr - generation) (detached)."""
+    token_level_loss: bool = True
+    """True: mean over the step's tokens. False: mean over each sequence's tokens, then over sequences."""
+    sequence_level_importance_ratios: bool = False
+    """GSPO: one ratio per sequence, exp(mean of the token log-ratios); needs token_level_loss False."""
+    truncated_importance_sampling_ratio: float | None = None
+    """Upper bound of the importance weight exp(prev - generation); None: no truncation."""
+    truncated_importance_sampling_type: TruncatedImportanceSamplingType = "tis"
+    """tis: clamp weights to the bound; icepop: zero tokens whose weight is outside [min, max];
+    seq-mask-tis: zero sequences whose geometric-mean weight is outside [min, max]."""
+    truncated_importance_sampling_ratio_min: float | None = None
+    """Lower bound for icepop and seq-mask-tis."""
+    disable_ppo_ratio: bool = False
+    """REINFORCE/RLOO loss: -A * logprob, no ratio and no clipping."""
+    force_on_policy_ratio: bool = False
+    """Ratio forced to 1 in value (gradients still flow): exactly on-policy."""
+
+    def __post_init__(self) -> None:
+        if self.ratio_clip_min < 0 or self.ratio_clip_max < 0:
+            raise ValueError("ratio_clip_min and ratio_clip_max must be >= 0")
+        if self.ratio_clip_c is not None and not self.ratio_clip_c > 1:
+            raise ValueError(f"ratio_clip_c must be > 1 (dual-clip), or null to disable it; got {self.ratio_clip_c}")
+        if self.reference_policy_kl_penalty < 0:
+            raise ValueError("reference_policy_kl_penalty must be >= 0")
+        if self.reference_policy_kl_type not in ("k1", "k2", "k3"):
+            raise ValueError(f"reference_policy_kl_type must be k1, k2 or k3, got {self.reference_policy_kl_type!r}")
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            raise ValueError("sequence_level_importance_ratios (GSPO) needs token_level_loss: false")
+        if self.disable_ppo_ratio and (self.sequence_level_importance_ratios or self.force_on_policy_ratio):
+            raise ValueError("disable_ppo_ratio excludes sequence_level_importance_ratios and force_on_policy_ratio")
+        tis = self.truncated_importance_sampling_ratio
+        if tis is not None:
+            if not self.use_importance_sampling_correction:
+                raise ValueError("truncated_importance_sampling_ratio needs use_importance_sampling_correction: true")
+            if not tis > 0:
+                raise ValueError(f"truncated_importance_sampling_ratio must be > 0, got {tis}")
+            if self.truncated_importance_sampling_type not in ("tis", "icepop", "seq-mask-tis"):
+                raise ValueError("truncated_importance_sampling_type must be tis, icepop or seq-mask-tis")
+            if self.truncated_importance_sampling_type != "tis":
+                low = self.truncated_importance_sampling_ratio_min
+                if low is None or not 0 <= low <= tis:
+                    raise ValueError(f"truncated_importance_sampling_type {self.truncated_importance_sampling_type} "
+                                     "needs 0 <= truncated_importance_sampling_ratio_min <= "
+                                     "truncated_importance_sampling_ratio")
+                if self.truncated_importance_sampling_type == "seq-mask-tis" and self.sequence_level_importance_ratios:
+                    raise ValueError("seq-mask-tis keeps token-level weights: it excludes sequence_level_importance_ratios")
 
 
 @dataclass(frozen=True)

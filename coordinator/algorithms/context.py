@@ -20,4 +20,4 @@ class LoopContext:
     log: object
 
     def publish(self):
-        return self.publisher.publish(self.services.generators())
+        return self.publisher.publish(self.services.all_generators())

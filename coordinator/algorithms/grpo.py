@@ -4,20 +4,22 @@ train -> publish weights."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
-from coordinator import rollout
-from coordinator.advantages import compute_advantages
 from coordinator.algorithms.context import LoopContext
-from coordinator.data import Example
-from generator_svc.types import Completion, SamplingConfig
-from reward_svc.types import ScoreItem
-from trainer_svc.types import GrpoLossConfig, Sample
+from coordinator.algorithms.dapo import draw_rollouts
+from coordinator.algorithms.groups import RolloutGroups
+from coordinator.algorithms.grpo_batch import prepare_samples
+from coordinator.multiturn import Episode, collect_episodes
+from coordinator.scoring import per_task_metrics
+from generator_svc.types import SamplingConfig
+from trainer_svc.types import GrpoLossConfig
 
 
 def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
-    cfg, log = ctx.cfg, ctx.log
+    cfg = ctx.cfg
     timings: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -27,18 +29,21 @@ def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
         timings[f"time_{name}_s"] = now - clock
         clock = now
 
-    batch = ctx.cursor.next_batch(cfg.grpo.num_prompts_per_step)
-    prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
-    groups = rollout.generate(prompts, _sampling(ctx, step), ctx.services.generators,
-                              ctx.services.generator_failed, log)
+    def draw(round_index: int, num_prompts: int) -> RolloutGroups:
+        batch = ctx.cursor.next_batch(num_prompts)
+        prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
+        sampling = _sampling(ctx, step)
+        if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
+            sampling = replace(sampling, seed=sampling.seed + round_index * 7919)
+        # single-turn tasks: generate, then Score; multi-turn tasks: episodes stepped by their environment
+        groups = collect_episodes(ctx, batch, prompts, sampling)
+        return RolloutGroups(batch, prompts, groups, *_rewards(groups))
+
+    rollouts, sampling_metrics = draw_rollouts(cfg.grpo, draw)  # DAPO dynamic sampling when enabled
+    groups, rewards_PG, correct = rollouts.groups, rollouts.rewards_PG, rollouts.correct_PG
     lap("generate")
-    rewards_PG, correct = _score(ctx, batch, groups)
+    samples, advantage_metrics = prepare_samples(ctx, rollouts)  # shaping, KL in reward, advantages, masks
     lap("score")
-    advantages_PG = compute_advantages(rewards_PG, leave_one_out=cfg.grpo.use_leave_one_out_baseline,
-                                       normalize=cfg.grpo.normalize_rewards)
-    samples = [Sample(token_ids=prompt + list(c.token_ids), prompt_length=len(prompt),
-                      generation_logprobs=list(c.logprobs), advantage=float(advantages_PG[p, g]))
-               for p, (prompt, group) in enumerate(zip(prompts, groups)) for g, c in enumerate(group)]
     result = ctx.services.trainer.train_step(samples, _loss(ctx), global_batch_size=cfg.policy.train_global_batch_size,
                                              micro_batch_size=cfg.policy.train_micro_batch_size)
     lap("train")
@@ -48,7 +53,11 @@ def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
     return {
         **result.metrics,
         "reward_mean": float(rewards_PG.mean()),
+        **sampling_metrics,
+        **advantage_metrics,
         "accuracy_train": float(correct.float().mean()),
+        **per_task_metrics([e.task for g in groups for e in g], rewards_PG.flatten().tolist(), correct.flatten().tolist(),
+                           [e.num_turns for g in groups for e in g]),
         "zero_variance_groups": float((rewards_PG.std(dim=1) == 0).sum()),
         "completion_length_mean": sum(len(c.token_ids) for g in groups for c in g) / len(samples),
         "truncated_fraction": sum(c.finish_reason == "length" for g in groups for c in g) / len(samples),
@@ -67,17 +76,11 @@ def _sampling(ctx: LoopContext, step: int) -> SamplingConfig:
 
 
 def _loss(ctx: LoopContext) -> GrpoLossConfig:
-    loss = ctx.cfg.loss_fn
-    return GrpoLossConfig(ratio_clip_min=loss.ratio_clip_min, ratio_clip_max=loss.ratio_clip_max,
-                          reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
-                          use_importance_sampling_correction=loss.use_importance_sampling_correction)
+    return ctx.cfg.loss_fn.trainer_loss()
 
 
-def _score(ctx: LoopContext, batch: list[Example], groups: list[list[Completion]]) -> tuple[torch.Tensor, torch.Tensor]:
-    items = [ScoreItem(e.task, e.prompt, ctx.tokens.decode(c.token_ids), e.answer)
-             for e, group in zip(batch, groups) for c in group]
-    results = ctx.services.rewards().score(items)
-    shape = (len(batch), len(groups[0]))
-    rewards = torch.tensor([r.reward for r in results], dtype=torch.float32).view(shape)
-    correct = torch.tensor([r.correct for r in results]).view(shape)
+def _rewards(groups: list[list[Episode]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[P, G] episode returns and correctness."""
+    rewards = torch.tensor([[e.reward for e in group] for group in groups], dtype=torch.float32)
+    correct = torch.tensor([[e.correct for e in group] for group in groups])
     return rewards, correct

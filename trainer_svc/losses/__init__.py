@@ -6,16 +6,18 @@ prefix 0..j). `mask` is 1 exactly on the completion tokens that are trained on.
 
 Normalisation is global: a micro-batch returns sum(token_loss * mask) / num_global_tokens,
 where num_global_tokens counts the masked-in tokens of the whole optimizer step on all
-ranks. Summing micro-batch losses (and gradients) over micro-batches and ranks therefore
-gives the token mean of the whole global batch, however it is split. Metrics use the same
-normalisation, so they are summed the same way.
+ranks (or, for GRPO's `token_level_loss: false`, the sum of per-sequence token means divided
+by num_global_sequences, the step's sequences with at least one masked-in token; see
+`count_loss_sequences`). Summing micro-batch losses (and gradients) over micro-batches and
+ranks therefore gives the mean of the whole global batch, however it is split. Metrics use
+the same normalisation, so they are summed the same way.
 
 `build_loss_fn` dispatches once on the loss config type; nothing downstream inspects it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,22 +26,30 @@ import torch
 from trainer_svc.losses.common import LossInputs, LossOutput, masked_entropy_sum
 from trainer_svc.losses.grpo import grpo_loss
 from trainer_svc.losses.nll import nll_loss
-from trainer_svc.types import GrpoLossConfig, LossConfig, NllLossConfig
+from trainer_svc.types import GrpoLossConfig, LossConfig, NllLossConfig, Sample
 
-__all__ = ["LossFn", "LossInputs", "LossOutput", "build_loss_fn", "grpo_loss", "nll_loss", "masked_entropy_sum"]
+__all__ = ["LossFn", "LossInputs", "LossOutput", "build_loss_fn", "count_loss_sequences", "grpo_loss", "nll_loss",
+           "masked_entropy_sum"]
 
 
 @dataclass(frozen=True)
 class LossFn:
     """A loss bound to its config, with what its inputs need computed beforehand."""
 
-    compute: Callable[[torch.Tensor, LossInputs, float], LossOutput]
+    compute: Callable[[torch.Tensor, LossInputs, float, float | None], LossOutput]
     needs_previous_logprobs: bool
     needs_reference_logprobs: bool
     needs_generation_logprobs: bool
 
-    def __call__(self, curr_logprobs: torch.Tensor, inputs: LossInputs, num_global_tokens: float) -> LossOutput:
-        return self.compute(curr_logprobs, inputs, num_global_tokens)
+    def __call__(self, curr_logprobs: torch.Tensor, inputs: LossInputs, num_global_tokens: float,
+                 num_global_sequences: float | None = None) -> LossOutput:
+        """num_global_sequences: `count_loss_sequences` of the step; sequence-level losses need it."""
+        return self.compute(curr_logprobs, inputs, num_global_tokens, num_global_sequences)
+
+
+def count_loss_sequences(samples: Sequence[Sample]) -> int:
+    """Samples with at least one masked-in completion token: the sequence-level normaliser."""
+    return sum(1 for s in samples if s.completion_length > 0 and (s.loss_mask is None or any(m > 0 for m in s.loss_mask)))
 
 
 def build_loss_fn(config: LossConfig) -> LossFn:
@@ -55,12 +65,13 @@ def build_loss_fn(config: LossConfig) -> LossFn:
     raise TypeError(f"unknown loss config {type(config).__name__}")
 
 
-def _grpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, *, config: GrpoLossConfig) -> LossOutput:
+def _grpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_global_sequences: float | None, *,
+          config: GrpoLossConfig) -> LossOutput:
     assert inputs.prev_logprobs is not None and inputs.generation_logprobs is not None
     return grpo_loss(curr, prev_logprobs=inputs.prev_logprobs, generation_logprobs=inputs.generation_logprobs,
                      reference_logprobs=inputs.reference_logprobs, advantages=inputs.advantages, mask=inputs.mask,
-                     num_global_tokens=num_global_tokens, config=config)
+                     num_global_tokens=num_global_tokens, num_global_sequences=num_global_sequences, config=config)
 
 
-def _nll(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float) -> LossOutput:
+def _nll(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_global_sequences: float | None) -> LossOutput:
     return nll_loss(curr, mask=inputs.mask, num_global_tokens=num_global_tokens)

@@ -1,23 +1,39 @@
-"""The GRPO clipped policy-gradient loss, with NeMo-RL's ClippedPGLossFn semantics.
+"""The GRPO family's clipped policy-gradient loss, with NeMo-RL's ClippedPGLossFn semantics.
 
-Per completion token (all tensors [B, T-1], see the package docstring):
-    ratio = exp(curr - prev)                       prev: the trainer's logprobs before the step
+Per completion token (all tensors [B, T-1], see the package docstring; prev: the trainer's
+logprobs before the step, gen: the generator's, ref: the frozen reference's):
+    ratio = exp(curr - prev)                        (GSPO: exp(mean_t(curr - prev)) per sequence;
+                                                     force_on_policy_ratio: 1 with live gradient;
+                                                     disable_ppo_ratio: ratio := curr, i.e. -A*logp)
     pg    = max(-A * ratio, -A * clamp(ratio, 1 - ratio_clip_min, 1 + ratio_clip_max))
-    pg   *= exp(prev - generation)  (detached)     if use_importance_sampling_correction
-    k3    = exp(ref - curr) - (ref - curr) - 1     if reference_policy_kl_penalty > 0
-    token_loss = pg + reference_policy_kl_penalty * k3
-and loss = sum(token_loss * mask) / num_global_tokens.
+    pg    = min(pg, -A * ratio_clip_c)  where A < 0  (dual-clip, if ratio_clip_c is set)
+    w     = exp(prev - gen)  (detached; per sequence exp(sum_t(prev - gen)) with GSPO ratios)
+            truncated: tis -> min(w, R); icepop -> 0 where w outside [R_min, R];
+            seq-mask-tis -> 0 on sequences whose exp(mean_t(prev - gen)) is outside [R_min, R]
+    pg   *= w                                        if use_importance_sampling_correction
+    kl    = k1 | k2 | k3 (tandem.kl, clamped)        if reference_policy_kl_penalty > 0
+            (* exp(curr - gen), detached, with use_on_policy_kl_approximation)
+    token_loss = pg + reference_policy_kl_penalty * kl
 
-Metrics (same normalisation): loss, pg_loss, kl (mean k3), clip_fraction (tokens whose
-clipped term is the active one, i.e. the clip zeroes their ratio gradient), ratio_mean,
-importance_weight_mean, token_mult_prob_error (mean exp(|prev - generation|); 1.0 on-policy).
-kl is 0 when the penalty is 0: the reference logprobs are then not computed at all.
+Reduction, both exact under any split into micro-batches and ranks (each piece is divided by a
+count of the whole optimizer step):
+    token_level_loss:     sum(token_loss * mask) / num_global_tokens
+    sequence level:       sum_i [ sum_t(token_loss * mask)_i / n_i ] / num_global_sequences
+where n_i is sequence i's masked-in token count and num_global_sequences counts the step's
+sequences with n_i > 0.
+
+Metrics (summed over pieces like the loss): loss, pg_loss, kl (mean estimate, unscaled) with the
+loss's reduction; clip_fraction (tokens whose clipped term is active), ratio_mean,
+importance_weight_mean (after truncation), token_mult_prob_error (mean exp(|prev - gen|)) per
+token; with dual-clip dual_clip_fraction; with icepop / seq-mask-tis is_oob_ratio (fraction of
+tokens / sequences masked out). kl is 0 when the penalty is 0 (no reference logprobs then).
 """
 
 from __future__ import annotations
 
 import torch
 
+from tandem.kl import kl_estimate
 from trainer_svc.losses.common import LossOutput, global_denominator
 from trainer_svc.types import GrpoLossConfig
 
@@ -32,39 +48,114 @@ def grpo_loss(
     mask: torch.Tensor,
     num_global_tokens: float,
     config: GrpoLossConfig,
+    num_global_sequences: float | None = None,
 ) -> LossOutput:
-    """The clipped PG loss of one micro-batch, normalised by the global token count."""
-    denom = global_denominator(num_global_tokens)
-    prev = prev_logprobs.detach()
-    ratio = torch.exp(curr_logprobs - prev)
-    clamped = ratio.clamp(1.0 - config.ratio_clip_min, 1.0 + config.ratio_clip_max)
-    unclipped_term = -advantages * ratio
-    clipped_term = -advantages * clamped
+    """The clipped PG loss of one micro-batch, normalised by the step's global counts."""
+    if not config.token_level_loss and num_global_sequences is None:
+        raise ValueError("token_level_loss: false needs num_global_sequences")
+    tokens = global_denominator(num_global_tokens)
+    seq_tokens = mask.sum(dim=-1)  # n_i
+
+    # Masked positions (padding, tool observations) may hold any value, even inf (exp of a
+    # very unlikely token's logprob gap): select instead of multiplying, so inf * 0 never
+    # turns into NaN.
+    def masked(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask > 0, x * mask, torch.zeros((), dtype=x.dtype))
+
+    def token_mean(x: torch.Tensor) -> torch.Tensor:
+        return masked(x).sum() / tokens
+
+    def seq_token_mean(x: torch.Tensor) -> torch.Tensor:  # [B, T-1] -> [B]: mean over each row's tokens
+        return masked(x).sum(dim=-1) / seq_tokens.clamp(min=1)
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        if config.token_level_loss:
+            return token_mean(x)
+        return seq_token_mean(x).sum() / global_denominator(num_global_sequences)
+
+    prev, gen = prev_logprobs.detach(), generation_logprobs.detach()
+    ratio, clamped = _ratios(curr_logprobs, prev, mask, config)
+    unclipped_term, clipped_term = -advantages * ratio, -advantages * clamped
     pg = torch.maximum(unclipped_term, clipped_term)
-    importance = torch.exp(prev - generation_logprobs.detach())
+    metrics: dict[str, torch.Tensor] = {}
+    if config.ratio_clip_c is not None:
+        dual = -advantages * config.ratio_clip_c
+        dual_active = (advantages < 0) & (dual < pg)
+        pg = torch.where(dual_active, dual, pg)
+        metrics["dual_clip_fraction"] = token_mean(dual_active.to(mask.dtype))
+
+    weights, oob = _importance_weights(prev, gen, mask, config, seq_token_mean)
+    if oob is not None:
+        metrics["is_oob_ratio"] = (token_mean(oob) if config.truncated_importance_sampling_type == "icepop"
+                                   else (oob[:, 0] * (seq_tokens > 0)).sum() / global_denominator(num_global_sequences))
     if config.use_importance_sampling_correction:
-        pg = pg * importance
-    token_loss = pg
+        pg = pg * weights
+
     if config.reference_policy_kl_penalty > 0:
         if reference_logprobs is None:
             raise ValueError("reference_policy_kl_penalty > 0 needs reference logprobs")
-        log_ref_ratio = reference_logprobs.detach() - curr_logprobs
-        k3 = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
-        token_loss = token_loss + config.reference_policy_kl_penalty * k3
+        kl = kl_estimate(curr_logprobs, reference_logprobs.detach(), config.reference_policy_kl_type,
+                         input_clamp=config.kl_input_clamp_value, output_clamp=config.kl_output_clamp_value)
+        if config.use_on_policy_kl_approximation:
+            kl = kl * torch.nan_to_num(torch.exp(curr_logprobs.detach() - gen), nan=0.0, posinf=0.0, neginf=0.0)
+        token_loss = pg + config.reference_policy_kl_penalty * kl
     else:
-        k3 = torch.zeros_like(curr_logprobs)
-    loss = (token_loss * mask).sum() / denom
+        kl = torch.zeros_like(curr_logprobs)
+        token_loss = pg
+    loss = reduce(token_loss)
 
-    def mean(x: torch.Tensor) -> torch.Tensor:
-        return (x.detach() * mask).sum() / denom
-
-    metrics = {
-        "loss": loss.detach(),
-        "pg_loss": mean(pg),
-        "kl": mean(k3),
-        "clip_fraction": mean((clipped_term > unclipped_term).to(mask.dtype)),
-        "ratio_mean": mean(ratio),
-        "importance_weight_mean": mean(importance),
-        "token_mult_prob_error": mean(torch.exp((prev - generation_logprobs.detach()).abs())),
-    }
+    with torch.no_grad():
+        metrics.update({
+            "loss": loss.detach(),
+            "pg_loss": reduce(pg.detach()),
+            "kl": reduce(kl.detach()),
+            "clip_fraction": token_mean((clipped_term > unclipped_term).to(mask.dtype)),
+            "ratio_mean": token_mean(ratio.detach()),
+            "importance_weight_mean": token_mean(weights.expand_as(mask)),
+            "token_mult_prob_error": token_mean(torch.exp((prev - gen).abs())),
+        })
     return LossOutput(loss, metrics)
+
+
+def _ratios(curr: torch.Tensor, prev: torch.Tensor, mask: torch.Tensor,
+            config: GrpoLossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ratio, clamped ratio), both [B, T-1]."""
+    if config.force_on_policy_ratio:
+        ratio = torch.exp(curr - curr.detach())
+        return ratio, ratio
+    if config.disable_ppo_ratio:
+        return curr, curr
+    log_ratio = curr - prev
+    if config.sequence_level_importance_ratios:
+        seq_mean = (log_ratio * mask).sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        ratio = torch.exp(seq_mean).expand_as(curr)
+    else:
+        ratio = torch.exp(log_ratio)
+    return ratio, ratio.clamp(1.0 - config.ratio_clip_min, 1.0 + config.ratio_clip_max)
+
+
+def _importance_weights(prev: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, config: GrpoLossConfig,
+                        seq_token_mean) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Detached weights ([B, T-1], or [B, 1] with GSPO ratios) and, for the masking modes, the
+    out-of-range indicator ([B, T-1] for icepop, [B, 1] for seq-mask-tis; None otherwise)."""
+    log_w = torch.nan_to_num(prev - gen, nan=0.0, posinf=0.0, neginf=0.0)
+    if config.sequence_level_importance_ratios:
+        weights = torch.exp((log_w * mask).sum(dim=-1, keepdim=True))
+    else:
+        weights = torch.exp(log_w)
+    weights = torch.nan_to_num(weights, nan=0.0, posinf=0.0, neginf=0.0)
+    high = config.truncated_importance_sampling_ratio
+    if high is None:
+        return weights, None
+    low = config.truncated_importance_sampling_ratio_min
+    match config.truncated_importance_sampling_type:
+        case "tis":
+            return weights.clamp(max=high), None
+        case "icepop":
+            keep = (weights >= low) & (weights <= high)
+            return torch.where(keep, weights, torch.zeros_like(weights)), (~keep).to(mask.dtype)
+        case "seq-mask-tis":
+            geo_mean = torch.exp(seq_token_mean(log_w)).unsqueeze(-1)  # [B, 1]
+            keep = (geo_mean >= low) & (geo_mean <= high)
+            return weights * keep.to(weights.dtype), (~keep).to(mask.dtype)
+    raise ValueError(f"unknown truncated_importance_sampling_type {config.truncated_importance_sampling_type!r}")

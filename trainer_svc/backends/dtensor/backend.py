@@ -32,7 +32,7 @@ from trainer_svc.batching import (
 )
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import DistEnv
-from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, masked_entropy_sum
+from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_sequences, masked_entropy_sum
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
 
@@ -154,14 +154,16 @@ class DTensorBackend:
             with self._policy_weights("reference"):
                 ref = [[self._score(b) for b in step] for step in local]
         per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step),
-                                         prev[s] if prev else None, ref[s] if ref else None)
+                                         prev[s] if prev else None, ref[s] if ref else None,
+                                         num_sequences=count_loss_sequences(step))
                     for s, (step, batches) in enumerate(zip(steps, local))]
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
         metrics["num_tokens"] = float(sum(m["num_tokens"] for m in per_step))
         return StepResult(metrics, self.global_step)
 
     def _optimizer_step(self, batches: list[MicroBatch], loss_fn: LossFn, num_tokens: int,
-                        prev: list[torch.Tensor] | None, ref: list[torch.Tensor] | None) -> dict[str, float]:
+                        prev: list[torch.Tensor] | None, ref: list[torch.Tensor] | None, *,
+                        num_sequences: int | None = None) -> dict[str, float]:
         self._model.train()
         self._optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = {}
@@ -170,7 +172,7 @@ class DTensorBackend:
             curr = token_logprobs(logits, batch.input_ids)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None,
                                 batch.generation_logprobs, ref[i] if ref else None)
-            out = loss_fn(curr, inputs, num_tokens)
+            out = loss_fn(curr, inputs, num_tokens, num_sequences)
             out.loss.backward()
             step_metrics = {**out.metrics,
                             "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/reward/v1/reward.proto\x12\x10tandem.reward.v1\"S\n\tScoreItem\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\".\n\x0bScoreResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x08\":\n\x0cScoreRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.tandem.reward.v1.ScoreItem\"?\n\rScoreResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.tandem.reward.v1.ScoreResult\"\x10\n\x0eGetInfoRequest\"\x91\x01\n\x0fGetInfoResponse\x12\r\n\x05tasks\x18\x01 \x03(\t\x12?\n\x07scorers\x18\x02 \x03(\x0b\x32..tandem.reward.v1.GetInfoResponse.ScorersEntry\x1a.\n\x0cScorersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xa9\x01\n\rRewardService\x12N\n\x07GetInfo\x12 .tandem.reward.v1.GetInfoRequest\x1a!.tandem.reward.v1.GetInfoResponse\x12H\n\x05Score\x12\x1e.tandem.reward.v1.ScoreRequest\x1a\x1f.tandem.reward.v1.ScoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/reward/v1/reward.proto\x12\x10tandem.reward.v1\"S\n\tScoreItem\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\".\n\x0bScoreResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x08\":\n\x0cScoreRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.tandem.reward.v1.ScoreItem\"?\n\rScoreResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.tandem.reward.v1.ScoreResult\"\x10\n\x0eGetInfoRequest\"\xab\x01\n\x0fGetInfoResponse\x12\r\n\x05tasks\x18\x01 \x03(\t\x12?\n\x07scorers\x18\x02 \x03(\x0b\x32..tandem.reward.v1.GetInfoResponse.ScorersEntry\x12\x18\n\x10multi_turn_tasks\x18\x03 \x03(\t\x1a.\n\x0cScorersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x04Turn\x12\x12\n\ncompletion\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\"{\n\x08StepItem\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\'\n\x07history\x18\x04 \x03(\x0b\x32\x16.tandem.reward.v1.Turn\x12\x12\n\ncompletion\x18\x05 \x01(\t\"P\n\nStepResult\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x08\"8\n\x0bStepRequest\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.tandem.reward.v1.StepItem\"=\n\x0cStepResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.tandem.reward.v1.StepResult2\xf0\x01\n\rRewardService\x12N\n\x07GetInfo\x12 .tandem.reward.v1.GetInfoRequest\x1a!.tandem.reward.v1.GetInfoResponse\x12H\n\x05Score\x12\x1e.tandem.reward.v1.ScoreRequest\x1a\x1f.tandem.reward.v1.ScoreResponse\x12\x45\n\x04Step\x12\x1d.tandem.reward.v1.StepRequest\x1a\x1e.tandem.reward.v1.StepResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,9 +44,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETINFOREQUEST']._serialized_start=309
   _globals['_GETINFOREQUEST']._serialized_end=325
   _globals['_GETINFORESPONSE']._serialized_start=328
-  _globals['_GETINFORESPONSE']._serialized_end=473
-  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_start=427
-  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_end=473
-  _globals['_REWARDSERVICE']._serialized_start=476
-  _globals['_REWARDSERVICE']._serialized_end=645
+  _globals['_GETINFORESPONSE']._serialized_end=499
+  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_start=453
+  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_end=499
+  _globals['_TURN']._serialized_start=501
+  _globals['_TURN']._serialized_end=548
+  _globals['_STEPITEM']._serialized_start=550
+  _globals['_STEPITEM']._serialized_end=673
+  _globals['_STEPRESULT']._serialized_start=675
+  _globals['_STEPRESULT']._serialized_end=755
+  _globals['_STEPREQUEST']._serialized_start=757
+  _globals['_STEPREQUEST']._serialized_end=813
+  _globals['_STEPRESPONSE']._serialized_start=815
+  _globals['_STEPRESPONSE']._serialized_end=876
+  _globals['_REWARDSERVICE']._serialized_start=879
+  _globals['_REWARDSERVICE']._serialized_end=1119
 # @@protoc_insertion_point(module_scope)

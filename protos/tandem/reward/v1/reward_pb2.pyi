@@ -43,7 +43,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("tasks", "scorers")
+    __slots__ = ("tasks", "scorers", "multi_turn_tasks")
     class ScorersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,54 @@ class GetInfoResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASKS_FIELD_NUMBER: _ClassVar[int]
     SCORERS_FIELD_NUMBER: _ClassVar[int]
+    MULTI_TURN_TASKS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedScalarFieldContainer[str]
     scorers: _containers.ScalarMap[str, str]
-    def __init__(self, tasks: _Optional[_Iterable[str]] = ..., scorers: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    multi_turn_tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tasks: _Optional[_Iterable[str]] = ..., scorers: _Optional[_Mapping[str, str]] = ..., multi_turn_tasks: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("completion", "observation")
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    completion: str
+    observation: str
+    def __init__(self, completion: _Optional[str] = ..., observation: _Optional[str] = ...) -> None: ...
+
+class StepItem(_message.Message):
+    __slots__ = ("task", "prompt", "ground_truth", "history", "completion")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    prompt: str
+    ground_truth: str
+    history: _containers.RepeatedCompositeFieldContainer[Turn]
+    completion: str
+    def __init__(self, task: _Optional[str] = ..., prompt: _Optional[str] = ..., ground_truth: _Optional[str] = ..., history: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., completion: _Optional[str] = ...) -> None: ...
+
+class StepResult(_message.Message):
+    __slots__ = ("done", "observation", "reward", "correct")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    observation: str
+    reward: float
+    correct: bool
+    def __init__(self, done: _Optional[bool] = ..., observation: _Optional[str] = ..., reward: _Optional[float] = ..., correct: _Optional[bool] = ...) -> None: ...
+
+class StepRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[StepItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[StepItem, _Mapping]]] = ...) -> None: ...
+
+class StepResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[StepResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ...) -> None: ...

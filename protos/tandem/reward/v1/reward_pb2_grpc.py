@@ -45,6 +45,11 @@ class RewardServiceStub:
                 request_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.ScoreRequest.SerializeToString,
                 response_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.ScoreResponse.FromString,
                 _registered_method=True)
+        self.Step = channel.unary_unary(
+                '/tandem.reward.v1.RewardService/Step',
+                request_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepRequest.SerializeToString,
+                response_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepResponse.FromString,
+                _registered_method=True)
 
 
 class RewardServiceServicer:
@@ -65,6 +70,16 @@ class RewardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Step(self, request, context):
+        """Advance a batch of multi-turn episodes by one turn: for each, the environment reads the
+        conversation so far and either answers with an observation (the episode goes on) or ends
+        the episode with a reward. Stateless: every call carries the whole conversation, so any
+        replica of the service can take any turn. Single-turn tasks end at their first turn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RewardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +92,11 @@ def add_RewardServiceServicer_to_server(servicer, server):
                     servicer.Score,
                     request_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.ScoreRequest.FromString,
                     response_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.ScoreResponse.SerializeToString,
+            ),
+            'Step': grpc.unary_unary_rpc_method_handler(
+                    servicer.Step,
+                    request_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepRequest.FromString,
+                    response_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +154,33 @@ class RewardService:
             '/tandem.reward.v1.RewardService/Score',
             tandem_dot_reward_dot_v1_dot_reward__pb2.ScoreRequest.SerializeToString,
             tandem_dot_reward_dot_v1_dot_reward__pb2.ScoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Step(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.reward.v1.RewardService/Step',
+            tandem_dot_reward_dot_v1_dot_reward__pb2.StepRequest.SerializeToString,
+            tandem_dot_reward_dot_v1_dot_reward__pb2.StepResponse.FromString,
             options,
             channel_credentials,
             insecure,

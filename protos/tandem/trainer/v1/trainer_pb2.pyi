@@ -19,12 +19,34 @@ class PolicyKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POLICY_KIND_UNSPECIFIED: _ClassVar[PolicyKind]
     POLICY_KIND_CURRENT: _ClassVar[PolicyKind]
     POLICY_KIND_REFERENCE: _ClassVar[PolicyKind]
+
+class KlType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KL_TYPE_UNSPECIFIED: _ClassVar[KlType]
+    KL_TYPE_K1: _ClassVar[KlType]
+    KL_TYPE_K2: _ClassVar[KlType]
+    KL_TYPE_K3: _ClassVar[KlType]
+
+class TruncatedImportanceSamplingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRUNCATED_IMPORTANCE_SAMPLING_TYPE_UNSPECIFIED: _ClassVar[TruncatedImportanceSamplingType]
+    TRUNCATED_IMPORTANCE_SAMPLING_TYPE_TIS: _ClassVar[TruncatedImportanceSamplingType]
+    TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP: _ClassVar[TruncatedImportanceSamplingType]
+    TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS: _ClassVar[TruncatedImportanceSamplingType]
 BACKEND_UNSPECIFIED: Backend
 BACKEND_DTENSOR: Backend
 BACKEND_MEGATRON: Backend
 POLICY_KIND_UNSPECIFIED: PolicyKind
 POLICY_KIND_CURRENT: PolicyKind
 POLICY_KIND_REFERENCE: PolicyKind
+KL_TYPE_UNSPECIFIED: KlType
+KL_TYPE_K1: KlType
+KL_TYPE_K2: KlType
+KL_TYPE_K3: KlType
+TRUNCATED_IMPORTANCE_SAMPLING_TYPE_UNSPECIFIED: TruncatedImportanceSamplingType
+TRUNCATED_IMPORTANCE_SAMPLING_TYPE_TIS: TruncatedImportanceSamplingType
+TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP: TruncatedImportanceSamplingType
+TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS: TruncatedImportanceSamplingType
 
 class Sample(_message.Message):
     __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage")
@@ -41,16 +63,40 @@ class Sample(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ...) -> None: ...
 
 class GrpoLoss(_message.Message):
-    __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction")
+    __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction", "ratio_clip_c", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value", "use_on_policy_kl_approximation", "sequence_level_loss", "sequence_level_importance_ratios", "truncated_importance_sampling_ratio", "truncated_importance_sampling_type", "truncated_importance_sampling_ratio_min", "disable_ppo_ratio", "force_on_policy_ratio")
     RATIO_CLIP_MIN_FIELD_NUMBER: _ClassVar[int]
     RATIO_CLIP_MAX_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_POLICY_KL_PENALTY_FIELD_NUMBER: _ClassVar[int]
     USE_IMPORTANCE_SAMPLING_CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    RATIO_CLIP_C_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_POLICY_KL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KL_INPUT_CLAMP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    KL_OUTPUT_CLAMP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    USE_ON_POLICY_KL_APPROXIMATION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_LEVEL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_LEVEL_IMPORTANCE_RATIOS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_IMPORTANCE_SAMPLING_RATIO_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_IMPORTANCE_SAMPLING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_IMPORTANCE_SAMPLING_RATIO_MIN_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_PPO_RATIO_FIELD_NUMBER: _ClassVar[int]
+    FORCE_ON_POLICY_RATIO_FIELD_NUMBER: _ClassVar[int]
     ratio_clip_min: float
     ratio_clip_max: float
     reference_policy_kl_penalty: float
     use_importance_sampling_correction: bool
-    def __init__(self, ratio_clip_min: _Optional[float] = ..., ratio_clip_max: _Optional[float] = ..., reference_policy_kl_penalty: _Optional[float] = ..., use_importance_sampling_correction: _Optional[bool] = ...) -> None: ...
+    ratio_clip_c: float
+    reference_policy_kl_type: KlType
+    kl_input_clamp_value: float
+    kl_output_clamp_value: float
+    use_on_policy_kl_approximation: bool
+    sequence_level_loss: bool
+    sequence_level_importance_ratios: bool
+    truncated_importance_sampling_ratio: float
+    truncated_importance_sampling_type: TruncatedImportanceSamplingType
+    truncated_importance_sampling_ratio_min: float
+    disable_ppo_ratio: bool
+    force_on_policy_ratio: bool
+    def __init__(self, ratio_clip_min: _Optional[float] = ..., ratio_clip_max: _Optional[float] = ..., reference_policy_kl_penalty: _Optional[float] = ..., use_importance_sampling_correction: _Optional[bool] = ..., ratio_clip_c: _Optional[float] = ..., reference_policy_kl_type: _Optional[_Union[KlType, str]] = ..., kl_input_clamp_value: _Optional[float] = ..., kl_output_clamp_value: _Optional[float] = ..., use_on_policy_kl_approximation: _Optional[bool] = ..., sequence_level_loss: _Optional[bool] = ..., sequence_level_importance_ratios: _Optional[bool] = ..., truncated_importance_sampling_ratio: _Optional[float] = ..., truncated_importance_sampling_type: _Optional[_Union[TruncatedImportanceSamplingType, str]] = ..., truncated_importance_sampling_ratio_min: _Optional[float] = ..., disable_ppo_ratio: _Optional[bool] = ..., force_on_policy_ratio: _Optional[bool] = ...) -> None: ...
 
 class NllLoss(_message.Message):
     __slots__ = ()
