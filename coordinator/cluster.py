@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from coordinator.config import ExperimentConfig
 from coordinator.launch import all_registered, launch_all, scratch_root
@@ -26,9 +28,17 @@ CHILD_ENV = {
 }
 
 
+class HostedService(Protocol):
+    """A service the caller runs in this process (the Python API's reward_fn): started once the
+    coordinator serves, so it can register like any launched service, and stopped at the end."""
+
+    def start(self, coordinator_address: str, token: str, host: str) -> None: ...
+    def stop(self) -> None: ...
+
+
 class LocalCluster:
     def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
-                 status: RunStatus | None = None):
+                 status: RunStatus | None = None, hosted: Sequence[HostedService] = ()):
         self.cfg = cfg
         self.model_dir = model_dir
         self.run_dir = run_dir
@@ -38,6 +48,8 @@ class LocalCluster:
         self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host, port=0, token=token, log=log)
         self.launcher = LocalLauncher(run_dir / "logs", {"TANDEM_TOKEN": token, **CHILD_ENV}, log)
         self.services = Services(self.registry, token, log)
+        self.token = token
+        self.hosted = list(hosted)
         self.address = ""
         self.startup_s = 0.0
 
@@ -46,6 +58,8 @@ class LocalCluster:
         try:
             self.address = self.server.start()
             (self.run_dir / "coordinator.addr").write_text(self.address)
+            for service in self.hosted:
+                service.start(self.address, self.token, self.cfg.cluster.host)
             launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
             self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
                                    check=self.launcher.check)
@@ -62,5 +76,7 @@ class LocalCluster:
     def close(self) -> None:
         self.services.close()
         self.launcher.stop_all()
+        for service in self.hosted:
+            service.stop()
         self.server.stop()
         shutil.rmtree(scratch_root(self.run_dir), ignore_errors=True)

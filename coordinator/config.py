@@ -232,6 +232,9 @@ class EnvConfig(_Section):
     """Multi-turn scorers (calculator): most model turns per episode; then it ends, truncated."""
     max_tool_calls: int = Field(2, ge=0)
     """scorer: calculator: tool calls allowed per episode; one more ends it with reward 0."""
+    external: bool = False
+    """Served by a reward service that someone else starts (the Python API's reward_fn, or one you
+    run yourself with --coordinator): local launch starts none for this task and waits for one to register."""
 
 
 class ClusterConfig(_Section):

@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from coordinator import checkpoint
 from coordinator import resume as resuming
-from coordinator.cluster import LocalCluster
+from coordinator.cluster import HostedService, LocalCluster
 from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
@@ -38,8 +39,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("TANDEM_HOME", Path.home() / ".cache" / "tandem"))
 
 
+def default_run_name() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
 def make_run_dir(cfg: ExperimentConfig) -> Path:
-    name = cfg.logger.run_name or datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    name = cfg.logger.run_name or default_run_name()
     run_dir = Path(cfg.logger.log_dir).resolve() / name
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     return run_dir
@@ -74,8 +79,10 @@ def run_token(run_dir: Path) -> str:
 
 
 class Run:
-    def __init__(self, cfg: ExperimentConfig, console: Console | None = None, resume: bool = False):
+    def __init__(self, cfg: ExperimentConfig, console: Console | None = None, resume: bool = False,
+                 hosted: Sequence[HostedService] = ()):
         self.cfg = cfg
+        self.hosted = hosted  # in-process services (the Python API's reward_fn), see LocalCluster
         self.console = console or Console(stderr=True)
         self.resume_from = resuming.find_for(cfg) if resume else None  # raises NothingToResume
         self.run_dir = make_run_dir(cfg)
@@ -96,7 +103,7 @@ class Run:
         check_tasks_configured({str(p): {e.task for e in read_jsonl(p, cfg.data)} for p in (train_path, val_path) if p},
                                set(cfg.env))  # before any service starts
         token = run_token(self.run_dir)
-        cluster = LocalCluster(cfg, model_dir, self.run_dir, token, log, self.status)
+        cluster = LocalCluster(cfg, model_dir, self.run_dir, token, log, self.status, self.hosted)
         with self.console.status("starting services (trainer, generators, rewards)..."):
             services = cluster.__enter__()  # stops whatever it started if start-up fails
         try:

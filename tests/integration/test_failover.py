@@ -119,8 +119,7 @@ def test_a_generator_started_mid_run_gets_the_current_weights_before_work(loop):
     cluster.launcher.start(ServiceSpec("generator-2", python_module(
         "generator_svc", "--settings", str(path), "--host", cfg.cluster.host, "--coordinator", cluster.address)))
     cluster.registry.wait_for(lambda ms: sum(m.kind == "generator" for m in ms) >= 2, 300)
-    old, new = services.all_generators() if services.all_generators()[0].member_id in ctx.publisher._current \
-        else services.all_generators()[::-1]
+    old, new = sorted(services.all_generators(), key=lambda g: not ctx.publisher.is_current(g.member_id))
     assert not ctx.publisher.is_current(new.member_id) and new.client.info().weight_version == 0
     ready = services.generators()  # brings the newcomer up to date first
     assert {g.member_id for g in ready} == {old.member_id, new.member_id}
