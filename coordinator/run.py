@@ -184,6 +184,7 @@ class Run:
             if val:
                 accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=0, phase="sft_val")
             metrics["sft_steps"] = float(done)
+            metrics["weight_version"] = float(ctx.publisher.version)
             return metrics
 
         def finished(metrics: dict) -> bool:
