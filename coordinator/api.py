@@ -26,7 +26,13 @@ from typing import Any
 
 from rich.console import Console
 
-from coordinator.config import ConfigError, DTensorConfig, ExperimentConfig, LoggerConfig, load_config
+from coordinator.config import (
+    ConfigError,
+    DTensorConfig,
+    ExperimentConfig,
+    LoggerConfig,
+    load_config,
+)
 
 FRIENDLY_KEYS = {
     "max_steps": "grpo.max_num_steps",
@@ -67,7 +73,10 @@ def override_key(name: str) -> str:
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Set each override in the raw config dict (a dict value merges into the section)."""
     for name, value in overrides.items():
-        _set(raw, override_key(name).split("."), value, name)
+        path = override_key(name).split(".")
+        if len(path) == 1 and not isinstance(value, Mapping):
+            raise ConfigError(f"override {name!r}: section {path[0]} takes a dict of keys")
+        _set(raw, path, value, name)
     return raw
 
 
@@ -81,8 +90,6 @@ def _set(node: dict, path: list[str], value: Any, name: str) -> None:
     if isinstance(value, Mapping) and isinstance(node.get(last), dict):
         for key, item in value.items():
             _set(node[last], [key], item, name)
-    elif len(path) == 1 and not isinstance(value, Mapping):
-        raise ConfigError(f"override {name!r}: section {last} takes a dict of keys")
     else:
         node[last] = dict(value) if isinstance(value, Mapping) else value
 
@@ -111,7 +118,8 @@ class GRPOTrainer:
         raw = apply_overrides(_raw_config(config), overrides)
         self.reward_fns = dict(reward_fns or {})
         for task in self.reward_fns:
-            raw.setdefault("env", {}).setdefault(task, {})["external"] = True
+            env = raw.setdefault("env", {t: {} for t in ExperimentConfig().env})  # keep the default tasks
+            env.setdefault(task, {})["external"] = True
         self.config = load_config(raw=raw)
         self.console = console or Console(stderr=True)
 
