@@ -219,11 +219,24 @@ class DataConfig(_Section):
         return self
 
 
+class RewardModelEnvConfig(_Section):
+    """env.<task>.reward_model (scorer: reward_model): reward_svc's RewardModelSettings, with
+    model_name None = the embedded tiny reward model (coordinator/embedded/reward_model.py)."""
+
+    model_name: str | None = None
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(512, ge=2)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    squash: Literal["none", "sigmoid"] = "none"
+    """none: the raw scalar is the reward; sigmoid: sigmoid(scalar). correct = scalar > 0."""
+
+
 class EnvConfig(_Section):
     """One task's reward service (env.<task>)."""
 
     scorer: ScorerName = "exact"
-    """exact: first line equals the answer; math: math-verify; code: sandboxed test cases."""
+    """exact: first line equals the answer; math: math-verify; code: sandboxed test cases;
+    reward_model: a sequence-classification model's scalar (env.<task>.reward_model)."""
     num_workers: int = Field(1, ge=1)
     item_timeout_s: float = Field(5.0, gt=0)
     sandbox: SandboxLimits = SandboxLimits()
@@ -232,6 +245,8 @@ class EnvConfig(_Section):
     """Multi-turn scorers (calculator): most model turns per episode; then it ends, truncated."""
     max_tool_calls: int = Field(2, ge=0)
     """scorer: calculator: tool calls allowed per episode; one more ends it with reward 0."""
+    reward_model: RewardModelEnvConfig = RewardModelEnvConfig()
+    """scorer: reward_model: the sequence-classification model that scores prompt + completion."""
     external: bool = False
     """Served by a reward service that someone else starts (the Python API's reward_fn, or one you
     run yourself with --coordinator): local launch starts none for this task and waits for one to register."""

@@ -8,11 +8,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from coordinator.config import ExperimentConfig
+from coordinator.config import ExperimentConfig, RewardModelEnvConfig
 from coordinator.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
 from coordinator.registry import Member
 from generator_svc.config import GeneratorSettings
-from reward_svc.config import RewardSettings
+from reward_svc.config import RewardModelSettings, RewardSettings
 from trainer_svc.config import TrainerSettings
 
 
@@ -41,7 +41,19 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
 def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
     env = cfg.env[task]
     return RewardSettings(tasks={task: env.scorer}, num_workers=env.num_workers, item_timeout_s=env.item_timeout_s,
-                          sandbox=env.sandbox, max_tool_calls=env.max_tool_calls)
+                          sandbox=env.sandbox, max_tool_calls=env.max_tool_calls,
+                          reward_model=reward_model_settings(env.reward_model) if env.scorer == "reward_model" else None)
+
+
+def reward_model_settings(rm: RewardModelEnvConfig) -> RewardModelSettings:
+    """env.<task>.reward_model -> the service's settings; model_name None builds (once) the embedded tiny one."""
+    model_name = rm.model_name
+    if model_name is None:
+        from coordinator.embedded.reward_model import ensure_tiny_reward_model
+        from coordinator.run import cache_root  # late: coordinator.run imports this module
+
+        model_name = str(ensure_tiny_reward_model(cache_root()))
+    return RewardModelSettings(model_name=model_name, **rm.model_dump(exclude={"model_name"}))
 
 
 def scratch_root(run_dir: Path) -> Path:

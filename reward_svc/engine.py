@@ -4,6 +4,10 @@ over it scores 0 and its worker is killed and replaced (reward_svc/workers.py).
 
 Code items run in the sandbox (reward_svc/sandbox/), started from those workers; settings
 validation keeps the per-item limit above the sandbox's own wall clock.
+
+`reward_model` items are the exception: the model is loaded once, in this process, during
+warm_up (the service is NOT_SERVING until then), and a Score call's reward-model items are
+scored together in batches on the model's own thread (reward_svc/envs/reward_model.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 
 from reward_svc.config import MULTI_TURN_SCORERS, RewardSettings
 from reward_svc.envs import calculator, code, exact, math
+from reward_svc.envs.reward_model import RewardModel
 from reward_svc.types import RewardInfo, ScoreItem, ScoreResult, StepItem, StepResult, Turn
 from reward_svc.workers import ScorerFailed, WorkerPool
 
@@ -56,12 +61,16 @@ class RewardEngine:
         self._settings = settings
         self._log = log
         self._pool = WorkerPool(settings.num_workers, initializer=_import_scorers)
+        self._reward_model: RewardModel | None = None
 
     async def warm_up(self) -> None:
         """Start the workers and import the scorers before the service reports SERVING; with a
         `code` task, check that the sandbox runs a program (a service that cannot sandbox
         refuses to start rather than score every code item 0)."""
         await self._pool.wait_ready()
+        if "reward_model" in self._settings.tasks.values():
+            self._reward_model = await RewardModel.load(self._settings.reward_model)
+            self._log.info("reward_model_loaded", model=self._settings.reward_model.model_name)
         if "code" in self._settings.tasks.values():
             args = ("code", "def twice(x):\n    return 2 * x\n", _SELF_TEST, self._settings)
             try:
@@ -78,7 +87,24 @@ class RewardEngine:
 
     async def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
         self._check_tasks(items)
-        return list(await asyncio.gather(*(self._score_item(item) for item in items)))
+        by_model = [i for i, item in enumerate(items) if self._settings.tasks[item.task] == "reward_model"]
+        if not by_model:
+            return list(await asyncio.gather(*(self._score_item(item) for item in items)))
+        rest = sorted(set(range(len(items))) - set(by_model))
+        model_results, rest_results = await asyncio.gather(
+            self._score_with_model([items[i] for i in by_model]),
+            asyncio.gather(*(self._score_item(items[i]) for i in rest)))
+        results: list[ScoreResult] = [_ZERO] * len(items)
+        for i, result in zip([*by_model, *rest], [*model_results, *rest_results]):
+            results[i] = result
+        return results
+
+    async def _score_with_model(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        """All reward-model items of a call, batched; a model failure fails the call (it is
+        not the item's fault, and the coordinator retries the call)."""
+        if self._reward_model is None:
+            raise RuntimeError("the reward model is not loaded yet (warm_up has not finished)")
+        return await self._reward_model.score(items)
 
     async def step(self, items: list[StepItem]) -> list[StepResult]:
         """Advance each episode by one turn. A single-turn task's episode ends at its first
@@ -108,6 +134,8 @@ class RewardEngine:
 
     async def _score_item(self, item: ScoreItem) -> ScoreResult:
         scorer = self._settings.tasks[item.task]
+        if scorer == "reward_model":
+            return (await self._score_with_model([item]))[0]
         try:
             return await self._pool.run(_score_one, (scorer, item.completion, item.ground_truth, self._settings),
                                         self._settings.item_timeout_s)
@@ -120,3 +148,5 @@ class RewardEngine:
 
     def close(self) -> None:
         self._pool.close()
+        if self._reward_model is not None:
+            self._reward_model.close()
