@@ -180,7 +180,7 @@ class GRPOConfig(_Section):
     val_period: int = Field(10, ge=0)
     """Validate every this many steps (0: only at the start and the end)."""
     val_at_start: bool = True
-    max_val_samples: int = Field(256, gt=0)
+    max_val_samples: int = Field(500, gt=0)
     seed: int = 42
 
 
@@ -209,7 +209,8 @@ class DataConfig(_Section):
     task_key: str = "task"
     default_task: str = "arithmetic"
     num_train: int = Field(6000, gt=0)
-    num_val: int = Field(256, gt=0)
+    num_val: int = Field(500, gt=0)
+    """Held-out problems of the embedded task (the rest of the 8,100 sums are for training)."""
     seed: int = 0
 
     @model_validator(mode="after")
