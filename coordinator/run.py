@@ -31,7 +31,7 @@ from coordinator.services import Services
 from coordinator.status import RunStatus
 from coordinator.validation import validate
 from coordinator.weights import WeightPublisher
-from tandem.logs import configure_logging
+from tandem.logs import file_logger
 from tandem.rpc import TokenMissing, load_token
 
 
@@ -88,7 +88,7 @@ class Run:
         self.run_dir = make_run_dir(cfg)
         self.accuracy_before: float | None = None
         self._log_file = open(self.run_dir / "logs" / "coordinator.log", "a")
-        self.log = configure_logging("coordinator", file=self._log_file, json=True).bind(run_id=self.run_dir.name)
+        self.log = file_logger("coordinator", self._log_file).bind(run_id=self.run_dir.name)
         self.status = RunStatus(self.run_dir.name)
         self.metrics = MetricsLog(self.run_dir, cfg.logger.tensorboard_enabled)
         self.timings: dict[str, float] = {}

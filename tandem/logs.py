@@ -14,28 +14,38 @@ from typing import TextIO
 import structlog
 
 
-def configure_logging(service: str, *, level: str | None = None, json: bool | None = None,
-                      file: TextIO | None = None) -> structlog.stdlib.BoundLogger:
-    """Configure structlog for this process and return a logger bound to `service`.
-
-    `file`: write there instead of stderr (JSON unless told otherwise).
-    """
-    level_name = (level or os.environ.get("TANDEM_LOG_LEVEL", "INFO")).upper()
-    out = file or sys.stderr
-    use_json = (not out.isatty()) if json is None else json
+def _processors(use_json: bool) -> list:
     renderer = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer()
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
+
+
+def _level(level: str | None) -> int:
+    name = (level or os.environ.get("TANDEM_LOG_LEVEL", "INFO")).upper()
+    return getattr(logging, name, logging.INFO)
+
+
+def configure_logging(service: str, *, level: str | None = None, json: bool | None = None) -> structlog.stdlib.BoundLogger:
+    """Configure structlog for this (service) process and return a logger bound to `service`."""
+    use_json = (not sys.stderr.isatty()) if json is None else json
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level_name, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        processors=_processors(use_json),
+        wrapper_class=structlog.make_filtering_bound_logger(_level(level)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(service=service)
     return structlog.get_logger()
+
+
+def file_logger(service: str, file: TextIO, *, level: str | None = None) -> structlog.stdlib.BoundLogger:
+    """A JSON-lines logger into `file`, bound to `service`, that leaves structlog's global
+    configuration alone (a run started from the Python API must not redirect its caller's logs)."""
+    return structlog.wrap_logger(structlog.PrintLogger(file), processors=_processors(True),
+                                 wrapper_class=structlog.make_filtering_bound_logger(_level(level))).bind(service=service)
