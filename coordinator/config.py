@@ -7,6 +7,8 @@ checkpointing.*, logger.*. Each service later gets only its own section (see lau
 
 from __future__ import annotations
 
+import warnings
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,8 +49,35 @@ class OptimizerConfig(_Section):
 
 class DTensorConfig(_Section):
     enabled: bool = True
-    """Train with the DTensor/FSDP2 backend (the only backend so far)."""
+    """Train with the DTensor/FSDP2 backend."""
     activation_checkpointing: bool = False
+
+
+class MegatronConfig(_Section):
+    enabled: bool = False
+    """Train with Megatron-core (wins over dtensor_cfg when both are enabled). Not built yet."""
+
+
+class TrainingBackend(str, Enum):
+    """The training backend, resolved once at load (nothing downstream re-reads the flags)."""
+
+    DTENSOR = "dtensor"
+    MEGATRON = "megatron"
+
+
+def resolve_backend(dtensor: DTensorConfig, megatron: MegatronConfig) -> TrainingBackend:
+    """NeMo-RL's rule: Megatron when policy.megatron_cfg.enabled (with a warning if DTensor is
+    enabled too), else DTensor when policy.dtensor_cfg.enabled, else an error naming both keys."""
+    if megatron.enabled:
+        if dtensor.enabled:
+            warnings.warn("policy.megatron_cfg.enabled and policy.dtensor_cfg.enabled are both true: "
+                          "Megatron takes precedence", stacklevel=2)
+        raise ValueError("policy.megatron_cfg.enabled: the Megatron-core backend is not available yet; "
+                         "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true")
+    if dtensor.enabled:
+        return TrainingBackend.DTENSOR
+    raise ValueError("no training backend enabled: set policy.dtensor_cfg.enabled=true "
+                     "(or policy.megatron_cfg.enabled=true once Megatron is available)")
 
 
 class VllmConfig(_Section):
@@ -85,7 +114,17 @@ class PolicyConfig(_Section):
     max_grad_norm: float | None = Field(1.0, gt=0)
     optimizer: OptimizerConfig = OptimizerConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
+    megatron_cfg: MegatronConfig = MegatronConfig()
     generation: GenerationConfig = GenerationConfig()
+    backend: TrainingBackend | None = Field(None, exclude=True)
+    """Resolved from dtensor_cfg/megatron_cfg at load; not a key to set."""
+
+    @model_validator(mode="after")
+    def _resolve_backend(self) -> PolicyConfig:
+        if self.backend is not None:
+            raise ValueError("policy.backend is derived from dtensor_cfg.enabled / megatron_cfg.enabled; remove it")
+        object.__setattr__(self, "backend", resolve_backend(self.dtensor_cfg, self.megatron_cfg))
+        return self
 
     @field_validator("model_name")
     @classmethod

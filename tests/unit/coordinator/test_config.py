@@ -56,3 +56,25 @@ def test_bad_yaml_and_missing_file(tmp_path):
 def test_override_syntax():
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(overrides=["grpo.max_num_steps"])
+
+
+def test_backend_is_resolved_once_into_a_typed_choice():
+    from coordinator.config import TrainingBackend
+
+    assert load_config().policy.backend is TrainingBackend.DTENSOR
+
+
+def test_no_backend_enabled_names_both_keys():
+    with pytest.raises(ConfigError, match=r"policy\.dtensor_cfg\.enabled.*policy\.megatron_cfg\.enabled"):
+        load_config(overrides=["policy.dtensor_cfg.enabled=false"])
+
+
+def test_megatron_wins_with_a_warning_and_is_refused_until_built():
+    with pytest.warns(UserWarning, match="Megatron takes precedence"):
+        with pytest.raises(ConfigError, match="megatron_cfg.enabled: the Megatron-core backend is not available"):
+            load_config(overrides=["policy.megatron_cfg.enabled=true"])
+
+
+def test_backend_is_not_a_settable_key():
+    with pytest.raises(ConfigError, match="policy.backend is derived"):
+        load_config(overrides=["policy.backend=dtensor"])
