@@ -6,26 +6,17 @@ re-imports the main module.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shutil
-from pathlib import Path
 
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m generator_svc", description=__doc__)
-    parser.add_argument("--settings", type=Path, required=True, help="JSON file of GeneratorSettings")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 = any free port")
-    parser.add_argument("--coordinator", default=None, help="host:port of the coordinator to register with")
-    parser.add_argument("--address-file", type=Path, default=None,
-                        help="once serving, the bound host:port is written here (atomically)")
-    return parser.parse_args(argv)
+from tandem import service
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args = service.parse_args("Tandem generator service (vLLM)", argv)
+    if args.settings is None:
+        raise SystemExit("--settings PATH is required (a JSON file of generator_svc.config.GeneratorSettings)")
     from generator_svc.config import load_settings, run_dir, vllm_environment
     from tandem.rpc import TokenMissing, load_token
 
@@ -44,8 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     log = configure_logging("generator")
     log.info("settings", **settings.model_dump(mode="json"))
     try:
-        code = asyncio.run(serve(settings, host=args.host, port=args.port, token=token,
-                                 coordinator=args.coordinator, address_file=args.address_file, log=log))
+        code = asyncio.run(serve(settings, args, token, log))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     raise SystemExit(code)

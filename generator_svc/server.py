@@ -7,11 +7,8 @@ the weights in an unknown state (until a later update succeeds).
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
+import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 from generator_svc.config import GeneratorSettings
@@ -20,7 +17,8 @@ from generator_svc.types import Completion, GeneratorInfo, SamplingConfig
 from protos.tandem.generator.v1 import generator_pb2 as pb
 from protos.tandem.generator.v1 import generator_pb2_grpc as pb_grpc
 from tandem.convert import group_from_pb, plan_from_pb
-from tandem.membership import Announcement, Load, MembershipAgent
+from tandem import service
+from tandem.membership import Announcement, Load
 from tandem.rpc import FailedPrecondition, RunningServer, start_server
 
 SERVICE_NAME = "tandem.generator.v1.GeneratorService"
@@ -81,59 +79,27 @@ def _load(engine: GenerationEngine) -> Load:
     return Load(num_inflight=info.num_running, weight_version=info.weight_version)
 
 
-async def _wait_for_stop(stop: asyncio.Event, engine: Any, poll_s: float = 1.0) -> int:
-    """0 when asked to stop, 1 when the engine died (a supervisor restarts the process)."""
-    while not stop.is_set():
-        if engine.dead:
-            return 1
-        try:
-            await asyncio.wait_for(stop.wait(), poll_s)
-        except TimeoutError:
-            pass
-    return 0
-
-
-def write_address_file(path: Path, address: str) -> None:
-    """Write host:port atomically (tmp file, then rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(address)
-    os.replace(tmp, path)
-
-
-async def serve(settings: GeneratorSettings, *, host: str, port: int, token: str, coordinator: str | None,
-                address_file: Path | None, log: Any) -> int:
-    """Listen, load the engine, serve until SIGTERM/SIGINT (exit code 0) or engine death (1), then stop."""
+async def serve(settings: GeneratorSettings, args: argparse.Namespace, token: str, log: Any) -> int:
+    """Listen (NOT_SERVING) while the engine loads, then serve until SIGTERM/SIGINT (exit code 0)
+    or engine death (1); the lifecycle is tandem.service.serve's."""
     from generator_svc.engines.vllm_engine import VllmEngine  # imports vLLM: after the env is set
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     servicer = GeneratorServicer()
     running = servicer.running = await start_server(
         [lambda s: pb_grpc.add_GeneratorServiceServicer_to_server(servicer, s)], [SERVICE_NAME],
-        host=host, port=port, token=token, log=log)
-    agent: MembershipAgent | None = None
-    engine: VllmEngine | None = None
-    try:
+        host=args.host, port=args.port, token=token, log=log)
+
+    async def load_engine() -> None:
         started = time.monotonic()
-        engine = servicer.engine = await VllmEngine.start(settings, log)
+        servicer.engine = await VllmEngine.start(settings, log)
         log.info("engine_loaded", seconds=round(time.monotonic() - started, 1), model=settings.model_name)
-        await running.mark_ready()
-        if address_file is not None:
-            write_address_file(address_file, running.address)
-        if coordinator:
-            agent = MembershipAgent(coordinator, token, Announcement(
-                kind="generator", address=running.address, capacity=settings.max_num_seqs),
-                lambda: _load(engine), log)
-            agent.start()
-        exit_code = await _wait_for_stop(stop, engine)
-        log.info("stopping", exit_code=exit_code)
-        return exit_code
-    finally:
-        if agent is not None:
-            await agent.stop()
-        await running.stop(grace_s=2.0)
-        if engine is not None:
-            await engine.close()
-        log.info("stopped")
+
+    async def close_engine() -> None:
+        if servicer.engine is not None:
+            await servicer.engine.close()
+
+    announcement = Announcement(kind="generator", address=f"{args.advertise_host or args.host}:{running.port}",
+                                capacity=settings.max_num_seqs)
+    return await service.serve(running, args, announcement, lambda: _load(servicer.engine), log,
+                               on_stop=close_engine, ready=load_engine,
+                               dead=lambda: servicer.engine is not None and servicer.engine.dead)

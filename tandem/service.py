@@ -53,27 +53,43 @@ def write_address_file(path: Path, address: str) -> None:
 
 
 async def serve(running: RunningServer, args: argparse.Namespace, announcement: Announcement,
-                load: Callable[[], Load], log, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Mark ready, announce, and serve until SIGTERM/SIGINT; then deregister and stop."""
+                load: Callable[[], Load], log, on_stop: Callable[[], Awaitable[None]] | None = None, *,
+                ready: Callable[[], Awaitable[None]] | None = None, dead: Callable[[], bool] = lambda: False,
+                poll_s: float = 1.0) -> int:
+    """Serve until SIGTERM/SIGINT (exit code 0) or until `dead()` turns true (1: a supervisor
+    restarts the process). `ready` is awaited first (e.g. loading the model) while health
+    says NOT_SERVING; then health turns SERVING, the address file is written and the service
+    announces itself. On the way out: NOT_SERVING, deregister, `on_stop`, stop the server."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await running.mark_ready()
     agent = None
-    if args.coordinator:
-        agent = MembershipAgent(args.coordinator, running.token, announcement, load, log)
-        agent.start()
-    if args.address_file:
-        write_address_file(args.address_file, announcement.address)
-    log.info("service_ready", address=announcement.address)
-    await stop.wait()
-    log.info("service_stopping")
-    await running.mark_not_serving()
-    if agent is not None:
-        await agent.stop()
-    if on_stop is not None:
-        await on_stop()
-    await running.stop(grace_s=2.0)
-
-
+    try:
+        if ready is not None:
+            await ready()
+        await running.mark_ready()
+        if args.address_file:
+            write_address_file(args.address_file, announcement.address)
+        if args.coordinator:
+            agent = MembershipAgent(args.coordinator, running.token, announcement, load, log)
+            agent.start()
+        log.info("service_ready", address=announcement.address)
+        exit_code = 0
+        while not stop.is_set():
+            if dead():
+                exit_code = 1
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), poll_s)
+            except TimeoutError:
+                pass
+        log.info("service_stopping", exit_code=exit_code)
+        return exit_code
+    finally:
+        await running.mark_not_serving()
+        if agent is not None:
+            await agent.stop()
+        if on_stop is not None:
+            await on_stop()
+        await running.stop(grace_s=2.0)

@@ -41,9 +41,9 @@ def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
 
     rollouts, sampling_metrics = draw_rollouts(cfg.grpo, draw)  # DAPO dynamic sampling when enabled
     groups, rewards_PG, correct = rollouts.groups, rollouts.rewards_PG, rollouts.correct_PG
-    lap("generate")
+    lap("rollout")  # generation and scoring (multi-turn episodes interleave the two)
     samples, advantage_metrics = prepare_samples(ctx, rollouts)  # shaping, KL in reward, advantages, masks
-    lap("score")
+    lap("advantages")
     result = ctx.services.trainer.train_step(samples, _loss(ctx), global_batch_size=cfg.policy.train_global_batch_size,
                                              micro_batch_size=cfg.policy.train_micro_batch_size)
     lap("train")
