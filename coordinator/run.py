@@ -30,7 +30,6 @@ from coordinator.scoring import check_tasks_configured
 from coordinator.services import Services
 from coordinator.status import RunStatus
 from coordinator.validation import validate
-from coordinator.weights import WeightPublisher
 from tandem.logs import file_logger
 from tandem.rpc import TokenMissing, load_token
 
@@ -126,11 +125,7 @@ class Run:
         tokens = Tokens(model_dir)
         train = read_jsonl(train_path, cfg.data)
         val = read_jsonl(val_path, cfg.data)[: cfg.grpo.max_val_samples] if val_path else []
-        info = services.trainer.info()
-        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log,
-                                    on_dead=services.generator_failed)
-        services.weights = publisher  # rollouts use only generators serving the published version
-        ctx = LoopContext(cfg, services, tokens, PromptCursor(train, cfg.sft.seed), publisher, log)
+        ctx = LoopContext.connect(cfg, services, tokens, train, cfg.sft.seed, log)
         resumed = self._resume(ctx) if self.resume_from is not None else None
 
         summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}

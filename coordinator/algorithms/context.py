@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.config import ExperimentConfig
-from coordinator.data import PromptCursor, Tokens
+from coordinator.data import Example, PromptCursor, Tokens
 from coordinator.services import Services
 from coordinator.weights import WeightPublisher
 
@@ -18,6 +18,18 @@ class LoopContext:
     cursor: PromptCursor
     publisher: WeightPublisher
     log: object
+
+    @classmethod
+    def connect(cls, cfg: ExperimentConfig, services: Services, tokens: Tokens, examples: list[Example], seed: int,
+                log, *, op_timeout_s: float = 30.0) -> LoopContext:
+        """The loop's context over live services, wired as every run uses it: the publisher
+        drops generators that die during a publish, and rollouts only use generators serving
+        the published version."""
+        info = services.trainer.info()
+        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log,
+                                    op_timeout_s=op_timeout_s, on_dead=services.generator_failed)
+        services.weights = publisher
+        return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log)
 
     def publish(self):
         return self.publisher.publish(self.services.all_generators())

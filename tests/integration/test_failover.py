@@ -22,12 +22,11 @@ from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.cluster import LocalCluster
 from coordinator.config import load_config
-from coordinator.data import PromptCursor, Tokens, read_jsonl
+from coordinator.data import Tokens, read_jsonl
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.launch import generator_settings, scratch_root
 from coordinator.launcher import ServiceSpec, python_module
-from coordinator.weights import WeightPublisher
 from generator_svc.types import SamplingConfig
 from tests import procs
 
@@ -48,12 +47,8 @@ def loop(tmp_path_factory):
     log = structlog.get_logger()
     cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
     with cluster as services:
-        info = services.trainer.info()
-        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log,
-                                    op_timeout_s=10.0, on_dead=services.generator_failed)
-        services.weights = publisher
-        ctx = LoopContext(cfg, services, Tokens(model_dir), PromptCursor(read_jsonl(train_path, cfg.data), 0),
-                          publisher, log)
+        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log,
+                                  op_timeout_s=10.0)
         yield ctx, cluster
 
 

@@ -24,7 +24,6 @@ from coordinator.data import Example, PromptCursor, Tokens, read_jsonl
 from coordinator.embedded.arithmetic import make_arithmetic_splits, write_jsonl
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.multiturn import collect_episodes
-from coordinator.weights import WeightPublisher
 from generator_svc.types import SamplingConfig
 from tests import procs
 
@@ -55,12 +54,10 @@ def loop(tmp_path_factory):
     log = structlog.get_logger()
     cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
     with cluster as services:
-        info = services.trainer.info()
-        publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log)
         examples = read_jsonl(train_path, cfg.data)
         # SFT: "calc ..." -> "?" (call the tool), plain prompts -> their answer
         warm = [Example(e.prompt, "?" if e.task == "calc" else e.answer, e.task) for e in examples]
-        ctx = LoopContext(cfg, services, Tokens(model_dir), PromptCursor(warm, 0), publisher, log)
+        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), warm, 0, log)
         for _ in range(3):
             sft_steps(ctx, 20)
         ctx.publish()
