@@ -1,5 +1,7 @@
 """Pure logic of generator_svc: seed layout, vLLM output mapping, settings, wire conversions."""
 
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -8,11 +10,20 @@ from pydantic import ValidationError
 
 from generator_svc.client import completion_from_pb, sampling_to_pb
 from generator_svc.config import GeneratorSettings, run_dir, vllm_environment
-from generator_svc.engines.vllm_outputs import (finish_reason_from_vllm, sampled_logprobs, to_completion,
-                                                weight_version_of)
+from generator_svc.engines.vllm_outputs import (
+    finish_reason_from_vllm,
+    sampled_logprobs,
+    to_completion,
+    weight_version_of,
+)
 from generator_svc.server import completion_to_pb, sampling_from_pb
 from generator_svc.types import Completion, SamplingConfig
-from generator_svc.worker_extension import group_from_json, group_to_json, plan_from_json, plan_to_json
+from generator_svc.worker_extension import (
+    group_from_json,
+    group_to_json,
+    plan_from_json,
+    plan_to_json,
+)
 from tandem.weight_sync import GroupSpec, make_bucket_plan
 
 
@@ -89,26 +100,34 @@ def test_vllm_output_becomes_a_completion():
         weight_version=1)
 
 
-def test_settings_forbid_unknown_keys_and_bad_core_lists(tmp_path):
+@pytest.fixture
+def short_dir():
+    """A scratch dir short enough for vLLM's unix-socket paths (pytest's tmp_path may not be)."""
+    path = Path(tempfile.mkdtemp(prefix="tg-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_settings_forbid_unknown_keys_and_bad_core_lists(short_dir):
     with pytest.raises(ValidationError, match="max_num_seq"):
-        GeneratorSettings.model_validate({"model_name": "m", "max_num_seq": 4, "scratch_dir": str(tmp_path)})
+        GeneratorSettings.model_validate({"model_name": "m", "max_num_seq": 4, "scratch_dir": str(short_dir)})
     with pytest.raises(ValidationError, match="cpu_threads_bind"):
-        GeneratorSettings(model_name="m", cpu_threads_bind="core0", scratch_dir=tmp_path)
+        GeneratorSettings(model_name="m", cpu_threads_bind="core0", scratch_dir=short_dir)
     with pytest.raises(ValidationError, match="shorter path"):
         GeneratorSettings(model_name="m", scratch_dir=Path("/") / ("x" * 80))
-    assert GeneratorSettings(model_name="m", cpu_threads_bind="0-1,3", scratch_dir=tmp_path).cpu_threads_bind == "0-1,3"
+    assert GeneratorSettings(model_name="m", cpu_threads_bind="0-1,3", scratch_dir=short_dir).cpu_threads_bind == "0-1,3"
 
 
-def test_vllm_environment_unpinned_by_default_and_inside_scratch(tmp_path):
-    settings = GeneratorSettings(model_name="m", kv_cache_space_gib=2, scratch_dir=tmp_path)
+def test_vllm_environment_unpinned_by_default_and_inside_scratch(short_dir):
+    settings = GeneratorSettings(model_name="m", kv_cache_space_gib=2, scratch_dir=short_dir)
     run = run_dir(settings, 1234)
     env = vllm_environment(settings, {}, run)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["OMP_NUM_THREADS"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["TORCHDYNAMO_DISABLE"] == "1"  # eager: no g++ compile of vLLM's sampler kernel
-    assert env["TMPDIR"] == env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "g1234")
+    assert env["TMPDIR"] == env["VLLM_RPC_BASE_PATH"] == str(short_dir / "g1234")
     for key in ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
-        assert env[key].startswith(str(tmp_path))
+        assert env[key].startswith(str(short_dir))
     assert "OMP_NUM_THREADS" not in vllm_environment(settings, {"OMP_NUM_THREADS": "2"}, run)
     pinned = vllm_environment(replace_settings(settings, cpu_threads_bind="1", enforce_eager=False), {}, run)
     assert pinned["VLLM_CPU_OMP_THREADS_BIND"] == "1" and "OMP_NUM_THREADS" not in pinned
