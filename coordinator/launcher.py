@@ -82,6 +82,12 @@ class LocalLauncher:
         self._log.warning("service_restarting", name=name, old_pid=child.process.pid, code=child.process.poll())
         self.start(child.spec)
 
+    def wait_exit(self, name: str, timeout_s: float) -> int | None:
+        """The named service's exit code once it has exited (None if it still runs after timeout_s)."""
+        child = next(c for c in self._children if c.spec.name == name)
+        _wait(child.process, timeout_s)
+        return child.process.poll()
+
     def exited(self, name: str) -> bool:
         return any(c.spec.name == name and c.process.poll() is not None for c in self._children)
 

@@ -76,13 +76,16 @@ def prepare_inputs(cfg: ExperimentConfig) -> tuple[str, Path, Path | None]:
 
 
 def run_token(run_dir: Path) -> str:
-    """The shared token: TANDEM_TOKEN/TANDEM_TOKEN_FILE if set, else a fresh one kept in
-    <run>/token (mode 0600) so `tandem status` can read it."""
+    """The shared token: TANDEM_TOKEN/TANDEM_TOKEN_FILE if set, else the run's own, kept in
+    <run>/token (mode 0600) so `tandem status` can read it and a restarted coordinator speaks
+    to the services that outlived the previous one."""
     try:
         return load_token()
     except TokenMissing:
-        token = secrets.token_hex(16)
         path = run_dir / "token"
+        if path.is_file() and path.read_text().strip():
+            return path.read_text().strip()
+        token = secrets.token_hex(16)
         path.touch(mode=0o600)
         path.write_text(token)
         return token
