@@ -73,9 +73,10 @@ class LocalCluster:
         try:
             self.address = self._serve()
             (self.run_dir / "coordinator.addr").write_text(self.address)
-            self.launcher.adopt()
-            if not self.adopt:
-                self.launcher.stop_all()  # leftovers of an earlier coordinator of this run dir
+            leftovers = self.launcher.adopt()
+            if leftovers and not self.adopt:  # a fresh start: an earlier coordinator's services go
+                self.log.warning("leftover_services_stopped", names=leftovers)
+                self.launcher.stop_all()
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
             launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
