@@ -143,6 +143,7 @@ def _kill_when_busy(victim, pid: int, done: threading.Event, killed: list) -> No
     killed.append((time.monotonic(), not done.is_set()))
 
 
+@pytest.mark.timeout(2400)  # bounded by vLLM start-ups (a replacement per kill): minutes on a busy box
 def test_repeated_kill_9_of_a_random_generator_mid_step(flow, monkeypatch):
     ctx, cluster, pool, totals = flow
     recorder = Recorder(monkeypatch)
