@@ -1,8 +1,9 @@
 """Local mode: start every service as a child process, watch them, stop them all.
 
 Each child runs in its own session (process group) with its log in <run>/logs/<name>.log,
-so stopping is `killpg(SIGTERM)` on the groups we created, then SIGKILL after a grace
-period. Ctrl-C and the end of a run both go through `stop_all`; nothing is left running.
+so stopping is SIGTERM to each leader (which stops its own children: a generator drains
+first; a SIGTERM to its whole group would also stop vLLM's engine processes at once), then
+SIGKILL to the groups we created after a grace period. Ctrl-C and the end of a run both go through `stop_all`; nothing is left running.
 
 Because children have their own sessions, they outlive a coordinator that is killed. Every
 start is recorded in a state file (name, pid, the process's start time); a coordinator
@@ -133,8 +134,9 @@ class LocalLauncher:
 
     def stop_all(self, grace_s: float = 15.0) -> None:
         alive = [c for c in self._children if c.process.poll() is None]
-        for child in alive:
-            _signal_group(child.process.pid, signal.SIGTERM)
+        for child in alive:  # the leader only, as a container stop does: it stops its own children
+            # (torchrun its ranks; a generator drains, then shuts vLLM's engine processes down)
+            _signal(child.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in alive:
             try:
@@ -153,6 +155,13 @@ def _wait(process: subprocess.Popen | AdoptedProcess, timeout_s: float) -> None:
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        pass
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
 
 
