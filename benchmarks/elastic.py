@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import tempfile
@@ -121,6 +122,7 @@ def main() -> None:
             ctx.services.trainer.load_checkpoint(str(root / "ckpt"))
             figures["load"].append(time.perf_counter() - started)
             figures["restart"].append(_restart_trainer(ctx, cluster, root / "ckpt"))
+    shutil.rmtree(root, ignore_errors=True)
     print(f"\nembedded model, 1 trainer rank, 2 generators ({os.cpu_count()} cores)   min  median  max")
     names = {"kill": "detect dead generator (kill -9)", "hang": "detect hung generator (SIGSTOP)",
              "spawn": "generator start -> registered", "reform": "publish forming a new epoch",
