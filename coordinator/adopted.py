@@ -55,3 +55,19 @@ class AdoptedProcess:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
             time.sleep(0.05)
         return self.returncode
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (children first found through /proc), e.g. torchrun's ranks, which
+    torchrun starts in sessions of their own: a signal to torchrun's group does not reach them."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+            found += children
+            frontier += children
+    return found

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.adopted import AdoptedProcess, start_ticks
+from coordinator.adopted import AdoptedProcess, descendants, start_ticks
 
 
 class ServiceDied(RuntimeError):
@@ -77,7 +77,7 @@ class LocalLauncher:
     def restart(self, name: str) -> None:
         """Kill what is left of the named service's process group and start it again."""
         child = next(c for c in self._children if c.spec.name == name)
-        _signal_group(child.process.pid, signal.SIGKILL)
+        _kill_tree(child.process.pid)
         _wait(child.process, 10)
         self._children.remove(child)
         self._log.warning("service_restarting", name=name, old_pid=child.process.pid, code=child.process.poll())
@@ -143,8 +143,8 @@ class LocalLauncher:
                 child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self._log.warning("service_kill", name=child.spec.name, pid=child.process.pid)
-        for child in self._children:  # the whole group: torchrun ranks, vLLM engine workers
-            _signal_group(child.process.pid, signal.SIGKILL)
+        for child in self._children:  # the whole tree: torchrun's ranks, vLLM's engine processes
+            _kill_tree(child.process.pid)
             _wait(child.process, 5)
         if alive:
             self._log.info("services_stopped", names=[c.spec.name for c in alive])
@@ -156,6 +156,14 @@ def _wait(process: subprocess.Popen | AdoptedProcess, timeout_s: float) -> None:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         pass
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process, its group, and every descendant with its group (torchrun starts its
+    ranks in sessions of their own)."""
+    for member in [*descendants(pid), pid]:
+        _signal_group(member, signal.SIGKILL)
+        _signal(member, signal.SIGKILL)
 
 
 def _signal(pid: int, sig: int) -> None:

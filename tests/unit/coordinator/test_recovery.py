@@ -3,12 +3,13 @@
 import json
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
 import structlog
 
-from coordinator.adopted import AdoptedProcess, start_ticks
+from coordinator.adopted import AdoptedProcess, descendants, start_ticks
 from coordinator.config import load_config
 from coordinator.launcher import LocalLauncher, ServiceSpec
 from coordinator.recovery import resume_version, trainer_dead
@@ -106,3 +107,25 @@ def test_an_adopted_pid_must_have_the_recorded_start_time():
         assert adopted.poll() == -1
     finally:
         process.kill()
+
+
+def test_restart_kills_descendants_in_sessions_of_their_own(tmp_path):
+    """torchrun starts its ranks with start_new_session: a restart must not leave them running."""
+    launcher = LocalLauncher(tmp_path / "logs", {}, LOG, state_file=tmp_path / "services.json")
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "start_new_session=True); time.sleep(120)")
+    launcher.start(ServiceSpec("tree", [sys.executable, "-c", code]))
+    leader = launcher.pids()["tree"]
+    deadline = time.monotonic() + 30
+    while not descendants(leader):
+        assert time.monotonic() < deadline, "the grandchild never started"
+        time.sleep(0.05)
+    grandchild = descendants(leader)[0]
+    ticks = start_ticks(grandchild)
+    launcher.restart("tree")
+    deadline = time.monotonic() + 10
+    while AdoptedProcess.find(grandchild, ticks) is not None:
+        assert time.monotonic() < deadline, "the grandchild in its own session survived the restart"
+        time.sleep(0.05)
+    assert launcher.pids()["tree"] != leader
+    launcher.stop_all(grace_s=2)
