@@ -66,6 +66,10 @@ class PreferenceRun(Run):
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         started = time.perf_counter()
         self.console.print(f"[bold]Tandem {cfg.algorithm.value} run[/] {self.run_dir}")
+        if cfg.checkpointing.enabled:
+            log.warning("checkpointing_ignored", reason="loop checkpoints are GRPO-only; the run ends with an HF export")
+            self.console.print("[yellow]checkpointing.enabled is ignored for dpo/rm runs (GRPO-only for now); "
+                               "the run ends with an HF export[/]")
         model_dir, train_path, val_path = prepare_preference_inputs(cfg)
         train = read_pairs(train_path, cfg.data)
         val = read_pairs(val_path, cfg.data) if val_path else []
@@ -119,6 +123,12 @@ class PreferenceRun(Run):
         trainer.export_hf(str(export))
         summary["hf_checkpoint"] = str(export)
         self.console.print(f"exported the trained {'reward model' if phase == 'rm' else 'policy'} to {export}")
+        if "val_accuracy_before" in summary:
+            self.console.print(f"[bold]held-out reward accuracy: {summary['val_accuracy_before']:.1%} -> "
+                               f"{summary['val_accuracy_after']:.1%}[/]")
+        if rows:
+            self.console.print(f"[bold]training pair accuracy: step 1 {summary['train_accuracy_first']:.1%} -> "
+                               f"step {num_steps} {summary['train_accuracy_last']:.1%}[/]")
         return summary
 
     def _validate_pairs(self, validator: DpoValidator, step: int) -> float:
