@@ -14,6 +14,9 @@ real services on 127.0.0.1, exactly as `tandem run RECIPE` runs it (only sizes s
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +135,15 @@ def test_dapo_recipe_exercises_dynamic_sampling(tmp_path, monkeypatch, home):
     assert sum(r["dynamic_sampling_num_zero_variance_groups"] for r in grpo) > 0
     logged = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert any("dynamic_sampling_num_zero_variance_groups" in row for row in logged)
+
+
+def test_recipe_mistakes_are_one_clear_error_from_the_cli(tmp_path):
+    env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    for args, expected in [(["rm.yaml", "policy.reward_model_cfg.enabled=false"], "policy.reward_model_cfg.enabled"),
+                           (["dpo.yaml", "logger.run_name=x", "--resume"], "--resume is not supported for dpo")]:
+        proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "run", str(RECIPES / args[0]), *args[1:],
+                               "logger.log_dir=runs"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and expected in out and "Traceback" not in out, out
+    assert not (tmp_path / "runs").exists()  # nothing was launched
