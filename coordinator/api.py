@@ -132,10 +132,10 @@ class GRPOTrainer:
     def train(self) -> dict:
         """Launch the services, run, stop them all; returns the summary (plus "metrics": the
         rows of metrics.jsonl, each with its phase and step)."""
-        from coordinator.run import Run
+        from coordinator.preference_run import create_run
         from reward_svc.function_env import FunctionRewardService
 
-        run = Run(self.config, self.console)
+        run = create_run(self.config, self.console)  # a dpo / rm config runs that algorithm
         hosted = [FunctionRewardService(task, fn, run.log) for task, fn in self.reward_fns.items()]
         run.hosted = hosted
         summary = run.execute()

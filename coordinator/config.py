@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from coordinator.config_preference import Algorithm, DPOConfig, RewardModelCfg, RMConfig, resolve_algorithm
 from reward_svc.config import SandboxLimits, ScorerName
 from trainer_svc.types import GrpoLossConfig
 
@@ -116,6 +117,8 @@ class PolicyConfig(_Section):
     dtensor_cfg: DTensorConfig = DTensorConfig()
     megatron_cfg: MegatronConfig = MegatronConfig()
     generation: GenerationConfig = GenerationConfig()
+    reward_model_cfg: RewardModelCfg = RewardModelCfg()
+    """Train a scalar-head reward model (with an rm section)."""
     backend: TrainingBackend | None = Field(None, exclude=True)
     """Resolved from dtensor_cfg/megatron_cfg at load; not a key to set."""
 
@@ -239,12 +242,17 @@ class SFTConfig(_Section):
 
 
 class DataConfig(_Section):
-    dataset_name: Literal["arithmetic", "jsonl"] = "arithmetic"
-    """`arithmetic`: the embedded synthetic task; `jsonl`: train_path / val_path files."""
+    dataset_name: Literal["arithmetic", "arithmetic_preference", "jsonl"] = "arithmetic"
+    """`arithmetic`: the embedded synthetic task; `arithmetic_preference`: its embedded toy preference
+    pairs (dpo/rm); `jsonl`: train_path / val_path files (prompt/answer rows, or prompt/chosen/rejected)."""
     train_path: str | None = None
     val_path: str | None = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    chosen_key: str = "chosen"
+    """Preference rows (dpo/rm): the preferred response."""
+    rejected_key: str = "rejected"
+    """Preference rows (dpo/rm): the dispreferred response."""
     task_key: str = "task"
     default_task: str = "arithmetic"
     num_train: int = Field(6000, gt=0)
@@ -330,11 +338,28 @@ class ExperimentConfig(_Section):
     cluster: ClusterConfig = ClusterConfig()
     checkpointing: CheckpointingConfig = CheckpointingConfig()
     logger: LoggerConfig = LoggerConfig()
+    dpo: DPOConfig | None = None
+    """DPO on preference pairs (coordinator/config_preference.py); its presence makes the run DPO."""
+    rm: RMConfig | None = None
+    """Reward-model training on preference pairs; its presence makes the run RM."""
+    algorithm: Algorithm | None = Field(None, exclude=True)
+    """Resolved from the dpo / rm sections at load; not a key to set."""
+
+    @model_validator(mode="after")
+    def _resolve_algorithm(self) -> ExperimentConfig:
+        if self.algorithm is not None:
+            raise ValueError("algorithm is derived from the dpo / rm sections; remove it")
+        object.__setattr__(self, "algorithm", resolve_algorithm(self.dpo, self.rm, self.policy.reward_model_cfg,
+                                                                self.data.dataset_name))
+        if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
+            raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
+                             f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
         samples = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
-        if self.grpo.max_num_steps and samples % self.policy.train_global_batch_size:
+        if self.algorithm.uses_rollouts and self.grpo.max_num_steps and samples % self.policy.train_global_batch_size:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size}) must divide "
                              f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples})")
         if self.data.default_task not in self.env:

@@ -39,6 +39,17 @@ class DTensorSettings(_Strict):
     """Recompute each decoder layer's activations in backward (non-reentrant)."""
 
 
+class RewardModelTrainingSettings(_Strict):
+    """NeMo-RL's policy.reward_model_cfg: train a scalar-head reward model instead of a policy."""
+
+    enabled: bool = False
+    """Load model_name as a sequence classifier with one output (AutoModelForSequenceClassification,
+    num_labels=1; a causal-LM checkpoint gets a fresh score head) that trains only with the
+    Bradley-Terry loss; ExportHf then writes a checkpoint reward_svc's reward_model scorer serves."""
+    reward_model_type: Literal["bradley_terry"] = "bradley_terry"
+    """The preference model; Bradley-Terry is the only one."""
+
+
 class TrainerSettings(_Strict):
     """Everything the trainer needs; the token comes from the environment, never from here."""
 
@@ -57,6 +68,8 @@ class TrainerSettings(_Strict):
     """Clip the global gradient norm to this; None disables clipping (the norm is still reported)."""
     dtensor_cfg: DTensorSettings = DTensorSettings()
     """DTensor/FSDP2 backend settings."""
+    reward_model_cfg: RewardModelTrainingSettings = RewardModelTrainingSettings()
+    """Reward-model training (a sequence classifier instead of a causal LM)."""
     weight_sync_host: str = "127.0.0.1"
     """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
     weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)

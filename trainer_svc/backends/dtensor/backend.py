@@ -56,7 +56,8 @@ class DTensorBackend:
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
         policy = load_sharded_policy(settings.model_name, env=env, mesh=mesh,
                                      compute_dtype=getattr(torch, settings.dtype),
-                                     activation_checkpointing=settings.dtensor_cfg.activation_checkpointing)
+                                     activation_checkpointing=settings.dtensor_cfg.activation_checkpointing,
+                                     sequence_classifier=settings.reward_model_cfg.enabled)
         self._model = policy.model
         self._pad_id = policy.pad_id
         self.vocab_size = policy.vocab_size
@@ -169,13 +170,15 @@ class DTensorBackend:
         sums: dict[str, torch.Tensor] = {}
         for i, batch in enumerate(batches):
             logits = self._logits(batch.input_ids)
-            curr = token_logprobs(logits, batch.input_ids)
+            # a reward model's logits are [B, 1]: its score at each row's last real token
+            curr = logits[:, 0].float() if loss_fn.takes_sequence_scores else token_logprobs(logits, batch.input_ids)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None,
                                 batch.generation_logprobs, ref[i] if ref else None)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             out.loss.backward()
-            step_metrics = {**out.metrics,
-                            "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}
+            step_metrics = dict(out.metrics)
+            if not loss_fn.takes_sequence_scores:
+                step_metrics["entropy"] = masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)
             for name, value in step_metrics.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()
             del logits, curr, out

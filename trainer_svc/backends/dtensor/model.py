@@ -32,6 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trainer_svc.distributed import DistEnv
+from trainer_svc.hf import classifier_config
 
 
 @dataclass
@@ -47,16 +48,19 @@ class ShardedPolicy:
 
 
 def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, compute_dtype: torch.dtype,
-                        activation_checkpointing: bool) -> ShardedPolicy:
-    """Load `model_dir` (any AutoModelForCausalLM checkpoint) sharded over `mesh`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+                        activation_checkpointing: bool, sequence_classifier: bool = False) -> ShardedPolicy:
+    """Load `model_dir` (any AutoModelForCausalLM checkpoint) sharded over `mesh`; with
+    `sequence_classifier`, as a one-output AutoModelForSequenceClassification (a reward model;
+    see `trainer_svc.hf.classifier_config`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     if not (Path(model_dir) / "config.json").is_file():
         raise ValueError(f"model_name {model_dir!r} is not an HF checkpoint directory (no config.json)")
-    config = AutoConfig.from_pretrained(model_dir)
+    config = classifier_config(model_dir) if sequence_classifier else AutoConfig.from_pretrained(model_dir)
+    auto_class = AutoModelForSequenceClassification if sequence_classifier else AutoModelForCausalLM
     checkpoint_dtype = _config_dtype(config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto_class.from_config(config, dtype=torch.float32)
     hf_shapes = _hf_tensor_shapes(model)
     num_parameters = sum(p.numel() for p in model.parameters())
     vocab_size = int(model.get_input_embeddings().weight.shape[0])
@@ -76,7 +80,7 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, compu
 
     full_state, full_buffers = {}, {}
     if env.rank == 0:
-        loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        loaded = auto_class.from_pretrained(model_dir, config=config, dtype=torch.float32)
         full_state = loaded.state_dict()
         full_buffers = dict(loaded.named_buffers())
     set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
