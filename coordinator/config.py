@@ -53,6 +53,18 @@ class DTensorConfig(_Section):
     activation_checkpointing: bool = False
 
 
+class SequencePackingConfig(_Section):
+    """policy.sequence_packing: several samples per micro-batch row, no attention across them
+    (trainer_svc/batching.py); micro-batches are then cut by token budget, not sample count."""
+
+    enabled: bool = False
+    train_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens per training micro-batch."""
+    logprob_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens per logprob micro-batch."""
+    algorithm: Literal["first_fit_decreasing", "concatenative"] = "first_fit_decreasing"
+
+
 class MegatronConfig(_Section):
     enabled: bool = False
     """Train with Megatron-core (wins over dtensor_cfg when both are enabled). Not built yet."""
@@ -115,6 +127,7 @@ class PolicyConfig(_Section):
     optimizer: OptimizerConfig = OptimizerConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     megatron_cfg: MegatronConfig = MegatronConfig()
+    sequence_packing: SequencePackingConfig = SequencePackingConfig()
     generation: GenerationConfig = GenerationConfig()
     backend: TrainingBackend | None = Field(None, exclude=True)
     """Resolved from dtensor_cfg/megatron_cfg at load; not a key to set."""

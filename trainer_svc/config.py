@@ -39,6 +39,20 @@ class DTensorSettings(_Strict):
     """Recompute each decoder layer's activations in backward (non-reentrant)."""
 
 
+class SequencePackingSettings(_Strict):
+    """Pack each micro-batch's samples into one row (NeMo-RL's `policy.sequence_packing`):
+    micro-batches are then formed by token budget, not by micro_batch_size."""
+
+    enabled: bool = False
+    """Run the model on packed rows (block-diagonal causal attention, same losses and logprobs)."""
+    train_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens in one training micro-batch (a longer sample gets one alone)."""
+    logprob_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens in one logprob micro-batch."""
+    algorithm: Literal["first_fit_decreasing", "concatenative"] = "first_fit_decreasing"
+    """How samples are grouped: longest first into the first bin with room, or in order."""
+
+
 class TrainerSettings(_Strict):
     """Everything the trainer needs; the token comes from the environment, never from here."""
 
@@ -57,6 +71,8 @@ class TrainerSettings(_Strict):
     """Clip the global gradient norm to this; None disables clipping (the norm is still reported)."""
     dtensor_cfg: DTensorSettings = DTensorSettings()
     """DTensor/FSDP2 backend settings."""
+    sequence_packing: SequencePackingSettings = SequencePackingSettings()
+    """Sequence packing of micro-batches."""
     weight_sync_host: str = "127.0.0.1"
     """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
     weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)

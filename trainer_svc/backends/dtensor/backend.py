@@ -8,7 +8,7 @@ swapped into the live parameters (in place, exactly) for the duration of a refer
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,19 +25,17 @@ from trainer_svc.batching import (
     collate,
     completion_logprobs,
     count_loss_tokens,
-    micro_batches,
     optimizer_steps,
-    rank_shard,
+    pack,
+    pack_bins,
+    rank_micro_batches,
     token_logprobs,
+    unpack_logprobs,
 )
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import DistEnv
 from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_sequences, masked_entropy_sum
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -52,6 +50,7 @@ class DTensorBackend:
     def __init__(self, settings: TrainerSettings, env: DistEnv):
         torch.manual_seed(settings.seed)
         self._env = env
+        self._packing = settings.sequence_packing
         self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
         mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
         policy = load_sharded_policy(settings.model_name, env=env, mesh=mesh,
@@ -76,22 +75,31 @@ class DTensorBackend:
 
     def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
                          micro_batch_size: int) -> list[list[float]] | None:
-        shard = rank_shard(samples, self.rank, self.world_size)
-        # Every rank runs the same number of forwards (each is a collective); a rank short of
-        # samples runs a throwaway one-token batch.
-        num_micro = _ceil_div(_ceil_div(len(samples), self.world_size), micro_batch_size)
-        filler = Sample((self._pad_id, self._pad_id), 1)
-        results: list[list[float]] = []
+        split = self._splitter(micro_batch_size, self._packing.logprob_mb_tokens)
+        shard, groups = rank_micro_batches(samples, self.rank, self.world_size, split)
+        results: list[list[float] | None] = [None] * len(shard)
         with self._policy_weights(policy):
-            for i in range(num_micro):
-                chunk = shard[i * micro_batch_size:(i + 1) * micro_batch_size]
-                batch = collate(chunk or [filler], self._pad_id, self.device)
-                logprobs = self._score(batch)
-                if chunk:
-                    results.extend(completion_logprobs(logprobs, batch))
+            for group in groups:  # an empty group is a throwaway forward (every rank runs as many)
+                batch = self._collate([shard[i] for i in group])
+                rows = completion_logprobs(self._score(batch), batch)
+                for i, row in zip(group, rows):
+                    results[i] = row
         gathered: list | None = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object(results, gathered, dst=0, group=self._env.cpu_group)
         return [row for part in gathered for row in part] if gathered is not None else None
+
+    def _splitter(self, micro_batch_size: int, packing_tokens: int) -> Callable[[Sequence[Sample]], list[list[int]]]:
+        """Micro-batches of a shard as index lists: by count, or by token budget when packing."""
+        if self._packing.enabled:
+            algorithm = self._packing.algorithm
+            return lambda shard: pack_bins([len(s.token_ids) for s in shard], packing_tokens, algorithm)
+        return lambda shard: [list(range(i, min(i + micro_batch_size, len(shard))))
+                              for i in range(0, len(shard), micro_batch_size)]
+
+    def _collate(self, chunk: Sequence[Sample]) -> MicroBatch:
+        """The micro-batch of `chunk`; an empty chunk is a one-token filler with nothing to train."""
+        chunk = chunk or [Sample((self._pad_id, self._pad_id), 1, loss_mask=(0.0,))]
+        return (pack if self._packing.enabled else collate)(chunk, self._pad_id, self.device)
 
     @contextmanager
     def _policy_weights(self, policy: Policy) -> Iterator[None]:
@@ -113,13 +121,19 @@ class DTensorBackend:
             live.copy_(ref)
             ref.copy_(tmp)
 
-    def _logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self._model(input_ids=input_ids, use_cache=False).logits
+    def _forward(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits as the model ran, [B, T-1] logprobs in the padded layout, the mask matching the logits)."""
+        packed = batch.packed
+        if packed is None:
+            logits = self._model(input_ids=batch.input_ids, use_cache=False).logits
+            return logits, token_logprobs(logits, batch.input_ids), batch.mask
+        logits = self._model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits
+        return logits, unpack_logprobs(token_logprobs(logits, packed.input_ids), packed), packed.mask
 
     @torch.no_grad()
     def _score(self, batch: MicroBatch) -> torch.Tensor:
         self._model.eval()
-        return token_logprobs(self._logits(batch.input_ids), batch.input_ids)
+        return self._forward(batch)[1]
 
     # ------------------------------------------------------------------ training
 
@@ -145,9 +159,11 @@ class DTensorBackend:
                     micro_batch_size: int) -> StepResult:
         loss_fn = build_loss_fn(loss)
         steps = optimizer_steps(samples, global_batch_size)
-        local = [[collate(mb, self._pad_id, self.device)
-                  for mb in micro_batches(rank_shard(step, self.rank, self.world_size), micro_batch_size)]
-                 for step in steps]
+        split = self._splitter(micro_batch_size, self._packing.train_mb_tokens)
+        local = []
+        for step in steps:
+            shard, groups = rank_micro_batches(step, self.rank, self.world_size, split)
+            local.append([self._collate([shard[i] for i in group]) for group in groups])
         prev = [[self._score(b) for b in step] for step in local] if loss_fn.needs_previous_logprobs else None
         ref = None
         if loss_fn.needs_reference_logprobs:
@@ -168,14 +184,13 @@ class DTensorBackend:
         self._optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = {}
         for i, batch in enumerate(batches):
-            logits = self._logits(batch.input_ids)
-            curr = token_logprobs(logits, batch.input_ids)
+            logits, curr, logits_mask = self._forward(batch)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None,
                                 batch.generation_logprobs, ref[i] if ref else None)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             out.loss.backward()
             step_metrics = {**out.metrics,
-                            "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}
+                            "entropy": masked_entropy_sum(logits[:, :-1], logits_mask) / max(num_tokens, 1)}
             for name, value in step_metrics.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()
             del logits, curr, out
