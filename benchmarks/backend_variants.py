@@ -50,6 +50,10 @@ def build_loss(spec: dict[str, Any]) -> LossConfig:
 
 def run_variant(settings: TrainerSettings, env, samples: list[Sample], spec: dict[str, Any]) -> dict[str, Any]:
     backend = DTensorBackend(settings, env)
+    # what the variant really sharded, e.g. "dp,tp:Shard(dim=0),Shard(dim=1)"
+    layout = sorted({",".join(map(str, p.device_mesh.mesh_dim_names)) + ":" + ",".join(map(repr, p.placements))
+                     for p in backend._model.parameters()})
+    param_dtypes = sorted({str(p.dtype) for p in backend._model.parameters()})  # the master weights
     loss = build_loss(spec.get("loss", {"kind": "nll"}))
     gbs, mbs = spec.get("global_batch_size", 8), spec.get("micro_batch_size", 4)
     logprobs = backend.compute_logprobs(samples, "current", mbs)
@@ -63,7 +67,7 @@ def run_variant(settings: TrainerSettings, env, samples: list[Sample], spec: dic
     after = backend.compute_logprobs(samples, "current", mbs)
     backend.close()
     return {"logprobs": logprobs, "logprobs_after": after, "losses": losses, "grad_norms": norms,
-            "step_times_s": times}
+            "step_times_s": times, "layout": layout, "param_dtypes": param_dtypes}
 
 
 def main(spec_path: str, out_path: str) -> None:

@@ -48,9 +48,19 @@ class OptimizerConfig(_Section):
 
 
 class DTensorConfig(_Section):
+    """policy.dtensor_cfg: trainer_svc/config.py DTensorSettings states each key's meaning."""
+
     enabled: bool = True
     """Train with the DTensor/FSDP2 backend."""
     activation_checkpointing: bool = False
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Must divide cluster.trainer_ranks; the rest of the ranks is data parallel (FSDP)."""
+    sequence_parallel: bool = False
+    """Needs tensor_parallel_size > 1."""
+    context_parallel_size: Literal[1] = 1
+    """Context parallelism is not available in the DTensor backend: only 1."""
+    cpu_offload: bool = False
+    """Parameters, gradients and optimizer state in host memory between uses (FSDP2 CPU offload)."""
 
 
 class SequencePackingConfig(_Section):
@@ -352,6 +362,16 @@ class ExperimentConfig(_Section):
                              f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples})")
         if self.data.default_task not in self.env:
             raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_layout(self) -> ExperimentConfig:
+        dtensor, ranks = self.policy.dtensor_cfg, self.cluster.trainer_ranks
+        if ranks % dtensor.tensor_parallel_size:
+            raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size ({dtensor.tensor_parallel_size}) must divide "
+                             f"cluster.trainer_ranks ({ranks})")
+        if dtensor.sequence_parallel and dtensor.tensor_parallel_size == 1:
+            raise ValueError("policy.dtensor_cfg.sequence_parallel needs tensor_parallel_size > 1; set it to false")
         return self
 
     @model_validator(mode="after")

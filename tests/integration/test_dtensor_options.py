@@ -74,3 +74,43 @@ def test_sequence_packing_matches_padded_batches(model_dir, tmp_path):
     assert all(abs(x) > 0 for x in reference["losses"])  # the comparison means something
     for name in ("packed", "packed_in_order"):
         assert_same_run(results[name], reference)
+
+
+def test_tensor_and_sequence_parallel_match_fsdp(model_dir, tmp_path):
+    tp2 = {"tensor_parallel_size": 2}
+    spec = {"model_dir": str(model_dir), "base": {"seed": 5, "optimizer": {"lr": 1e-3}, "max_grad_norm": 0.5},
+            "num_samples": 8, "global_batch_size": 4, "micro_batch_size": 2, "num_steps": 3,
+            "loss": {"kind": "grpo", "reference_policy_kl_penalty": 0.05},
+            "variants": {"fsdp": {},
+                         "tp2": {"dtensor_cfg": tp2},
+                         "tp2_sp": {"dtensor_cfg": {**tp2, "sequence_parallel": True}},
+                         "tp2_sp_packed_ac": {"dtensor_cfg": {**tp2, "sequence_parallel": True,
+                                                              "activation_checkpointing": True},
+                                              "sequence_packing": PACKED}}}
+    results = run_variants(tmp_path, spec)
+    reference = results["fsdp"]
+    assert max(reference["grad_norms"]) > 0.5  # clipping is active in the compared steps
+    assert reference["layout"] == ["dp:Shard(dim=0)"]
+    for name in ("tp2", "tp2_sp", "tp2_sp_packed_ac"):  # q/k/v, gate/up, lm_head rows and o/down columns split over tp
+        assert {"dp,tp:Shard(dim=0),Shard(dim=1)", "dp,tp:_StridedShard(dim=0, sf=2),Shard(dim=0)"} <= set(
+            results[name]["layout"]), results[name]["layout"]
+        assert_same_run(results[name], reference)
+
+
+def test_cpu_offload_and_bf16_with_fp32_master_weights(model_dir, tmp_path):
+    spec = {"model_dir": str(model_dir), "base": {"seed": 7, "optimizer": {"lr": 1e-3}, "max_grad_norm": 1.0},
+            "num_samples": 8, "global_batch_size": 4, "micro_batch_size": 2, "num_steps": 2,
+            "loss": {"kind": "nll"},
+            "variants": {"fp32": {},
+                         "offload": {"dtensor_cfg": {"cpu_offload": True}},
+                         "offload_tp2": {"dtensor_cfg": {"cpu_offload": True, "tensor_parallel_size": 2}},
+                         "bf16": {"dtype": "bfloat16"}}}
+    results = run_variants(tmp_path, spec)
+    reference = results["fp32"]
+    for name in ("offload", "offload_tp2"):  # on CPU the offload moves nothing: exactly the same run
+        assert_same_run(results[name], reference)
+    bf16 = results["bf16"]
+    assert bf16["param_dtypes"] == ["torch.float32"]  # fp32 master weights, bf16 compute
+    assert bf16["losses"] == pytest.approx(reference["losses"], rel=2e-2)
+    assert bf16["losses"] != reference["losses"]  # the compute really ran in bf16
+    assert bf16["losses"][1] < bf16["losses"][0]
