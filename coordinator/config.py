@@ -113,8 +113,25 @@ class VllmConfig(_Section):
     tensor_parallel_size: Literal[1] = 1
 
 
+class ColocatedResourcesConfig(_Section):
+    """Devices of the dedicated generators (colocated.enabled: false) on a cluster; local runs
+    place every service on this host, so only null is meaningful there."""
+
+    gpus_per_node: int | None = Field(None, ge=0)
+    num_nodes: int | None = Field(None, ge=1)
+
+
+class ColocatedConfig(_Section):
+    """policy.generation.colocated: generators on the trainer's devices (weights by shared
+    memory on the host, CUDA IPC on GPUs) or dedicated ones (weights by the weight-sync group)."""
+
+    enabled: bool = False
+    resources: ColocatedResourcesConfig = ColocatedResourcesConfig()
+
+
 class GenerationConfig(_Section):
     backend: Literal["vllm"] = "vllm"
+    colocated: ColocatedConfig = ColocatedConfig()
     max_new_tokens: int = Field(4, gt=0)
     """Completion budget: 3 digits + EOS for the embedded task."""
     temperature: float = Field(1.0, ge=0)
