@@ -6,7 +6,7 @@ report, per variant, the losses, grad norms, logprobs and step times (rank 0 wri
 SPEC: {"model_dir": ..., "base": {TrainerSettings fields}, "variants": {name: {fields}},
        "num_samples": 16, "min_length": 8, "max_length": 48, "seed": 0,
        "global_batch_size": 8, "micro_batch_size": 4, "num_steps": 3, "loss": {"kind": "nll"}
-       | {"kind": "grpo", ...GrpoLossConfig fields}}
+       | {"kind": "grpo", ...GrpoLossConfig fields}, "checkpoint_dir": optional shared directory}
 Every variant starts from the checkpoint and sees the same samples; the tests compare the
 variants' numbers (tests/integration/test_dtensor_options.py) and benchmarks/dtensor_options.py
 prints their step times.
@@ -48,7 +48,16 @@ def build_loss(spec: dict[str, Any]) -> LossConfig:
     return NllLossConfig() if kind == "nll" else GrpoLossConfig(**fields)
 
 
-def run_variant(settings: TrainerSettings, env, samples: list[Sample], spec: dict[str, Any]) -> dict[str, Any]:
+def resume_losses(backend: DTensorBackend, path: Path, step) -> list[float]:
+    """Save a DCP checkpoint, take a step, restore, take the step again: both losses must agree."""
+    backend.save_checkpoint(path)
+    first = step()
+    backend.load_checkpoint(path)
+    return [first, step()]
+
+
+def run_variant(settings: TrainerSettings, env, samples: list[Sample], spec: dict[str, Any],
+                checkpoint: Path | None = None) -> dict[str, Any]:
     backend = DTensorBackend(settings, env)
     # what the variant really sharded, e.g. "dp,tp:Shard(dim=0),Shard(dim=1)"
     layout = sorted({",".join(map(str, p.device_mesh.mesh_dim_names)) + ":" + ",".join(map(repr, p.placements))
@@ -65,9 +74,14 @@ def run_variant(settings: TrainerSettings, env, samples: list[Sample], spec: dic
         losses.append(result.metrics["loss"])
         norms.append(result.metrics["grad_norm"])
     after = backend.compute_logprobs(samples, "current", mbs)
+    resumed = resume_losses(backend, checkpoint, lambda: backend.train_step(samples, loss, gbs, mbs, None)
+                            .metrics["loss"]) if checkpoint else []
+    state = backend.gather_hf_state_dict()  # collective; full HF tensors on rank 0
+    state_sums = {name: float(t.double().sum()) for name, t in state.items()} if state is not None else {}
     backend.close()
     return {"logprobs": logprobs, "logprobs_after": after, "losses": losses, "grad_norms": norms,
-            "step_times_s": times, "layout": layout, "param_dtypes": param_dtypes}
+            "step_times_s": times, "layout": layout, "param_dtypes": param_dtypes,
+            "state_sums": state_sums, "resume_losses": resumed}
 
 
 def main(spec_path: str, out_path: str) -> None:
@@ -80,7 +94,8 @@ def main(spec_path: str, out_path: str) -> None:
     results = {}
     for name, variant in spec["variants"].items():
         settings = TrainerSettings.model_validate({"model_name": spec["model_dir"], **spec.get("base", {}), **variant})
-        results[name] = run_variant(settings, env, samples, spec)
+        checkpoint = Path(spec["checkpoint_dir"]) / name.replace(" ", "_") if spec.get("checkpoint_dir") else None
+        results[name] = run_variant(settings, env, samples, spec, checkpoint)
     if env.rank == 0:
         Path(out_path).write_text(json.dumps(results))
     close_distributed()

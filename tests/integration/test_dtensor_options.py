@@ -52,6 +52,10 @@ def assert_same_run(result: dict, reference: dict, tol: float = TOL) -> None:
     for key in ("losses", "grad_norms"):
         assert result[key] == pytest.approx(reference[key], abs=tol, rel=0), key
     assert max_logprob_error(result["logprobs_after"], reference["logprobs_after"]) < 10 * tol
+    # the gathered HF state dict (what publish and export send) holds the same trained weights
+    assert result["state_sums"].keys() == reference["state_sums"].keys()
+    for name, total in reference["state_sums"].items():
+        assert result["state_sums"][name] == pytest.approx(total, abs=1e-3), name
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,7 @@ def test_tensor_and_sequence_parallel_match_fsdp(model_dir, tmp_path):
     tp2 = {"tensor_parallel_size": 2}
     spec = {"model_dir": str(model_dir), "base": {"seed": 5, "optimizer": {"lr": 1e-3}, "max_grad_norm": 0.5},
             "num_samples": 8, "global_batch_size": 4, "micro_batch_size": 2, "num_steps": 3,
-            "loss": {"kind": "grpo", "reference_policy_kl_penalty": 0.05},
+            "loss": {"kind": "grpo", "reference_policy_kl_penalty": 0.05}, "checkpoint_dir": str(tmp_path / "ckpt"),
             "variants": {"fsdp": {},
                          "tp2": {"dtensor_cfg": tp2},
                          "tp2_sp": {"dtensor_cfg": {**tp2, "sequence_parallel": True}},
@@ -91,6 +95,9 @@ def test_tensor_and_sequence_parallel_match_fsdp(model_dir, tmp_path):
     reference = results["fsdp"]
     assert max(reference["grad_norms"]) > 0.5  # clipping is active in the compared steps
     assert reference["layout"] == ["dp:Shard(dim=0)"]
+    for name, result in results.items():  # a DCP checkpoint restores the exact state under every layout
+        first, again = result["resume_losses"]
+        assert again == pytest.approx(first, abs=1e-6), name
     for name in ("tp2", "tp2_sp", "tp2_sp_packed_ac"):  # q/k/v, gate/up, lm_head rows and o/down columns split over tp
         assert {"dp,tp:Shard(dim=0),Shard(dim=1)", "dp,tp:_StridedShard(dim=0, sf=2),Shard(dim=0)"} <= set(
             results[name]["layout"]), results[name]["layout"]
