@@ -128,6 +128,16 @@ class ColocatedConfig(_Section):
     enabled: bool = False
     resources: ColocatedResourcesConfig = ColocatedResourcesConfig()
 
+    @model_validator(mode="after")
+    def _resources_for_dedicated_only(self) -> ColocatedConfig:
+        if self.resources != ColocatedResourcesConfig():
+            if self.enabled:
+                raise ValueError("policy.generation.colocated.resources are the devices of dedicated generators; "
+                                 "with colocated.enabled: true leave them null")
+            warnings.warn("policy.generation.colocated.resources is ignored by local runs: every service runs on "
+                          "this host (cluster.num_generators sets how many generators)", stacklevel=2)
+        return self
+
 
 class GenerationConfig(_Section):
     backend: Literal["vllm"] = "vllm"

@@ -39,3 +39,12 @@ def test_trainer_refuses_context_parallel_with_a_reason():
 
     with pytest.raises(ValueError, match="context_parallel_size > 1 is not supported"):
         DTensorSettings(context_parallel_size=2)
+
+
+def test_colocated_keys():
+    assert load_config(overrides=["policy.generation.colocated.enabled=true"]).policy.generation.colocated.enabled
+    with pytest.raises(ConfigError, match="leave them null"):
+        load_config(overrides=["policy.generation.colocated.enabled=true",
+                               "policy.generation.colocated.resources.gpus_per_node=2"])
+    with pytest.warns(UserWarning, match="ignored by local runs"):
+        load_config(overrides=["policy.generation.colocated.resources.num_nodes=1"])
