@@ -23,8 +23,8 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
         "model_name": model_dir, "seed": cfg.grpo.seed, "dtype": policy.precision,
         "optimizer": {"lr": opt.lr, "weight_decay": opt.weight_decay, "betas": list(opt.betas), "eps": opt.eps},
         "max_grad_norm": policy.max_grad_norm,
-        "dtensor_cfg": {"enabled": policy.dtensor_cfg.enabled,
-                        "activation_checkpointing": policy.dtensor_cfg.activation_checkpointing},
+        "dtensor_cfg": policy.dtensor_cfg.model_dump(),
+        "sequence_packing": policy.sequence_packing.model_dump(),
         "reward_model_cfg": policy.reward_model_cfg.model_dump(),
         "weight_sync_host": cfg.cluster.host,
     })
