@@ -28,7 +28,6 @@ from rich.console import Console
 
 from coordinator.config import (
     ConfigError,
-    DTensorConfig,
     ExperimentConfig,
     LoggerConfig,
     load_config,
@@ -38,6 +37,7 @@ FRIENDLY_KEYS = {
     "max_steps": "grpo.max_num_steps",
     "num_generators": "cluster.num_generators",
     "trainer_ranks": "cluster.trainer_ranks",
+    "tensor_parallel_size": "policy.dtensor_cfg.tensor_parallel_size",
     "learning_rate": "policy.optimizer.kwargs.lr",
     "num_prompts_per_step": "grpo.num_prompts_per_step",
     "num_generations_per_prompt": "grpo.num_generations_per_prompt",
@@ -56,11 +56,6 @@ RewardFn = Callable[[str, str, str], float]
 
 def override_key(name: str) -> str:
     """The dotted config key a keyword argument stands for. Raises ConfigError."""
-    if name == "tensor_parallel_size":
-        if "tensor_parallel_size" in DTensorConfig.model_fields:
-            return "policy.dtensor_cfg.tensor_parallel_size"
-        raise ConfigError("tensor_parallel_size is not supported yet by the DTensor backend "
-                          "(policy.dtensor_cfg has no tensor parallelism); leave it out")
     if name in FRIENDLY_KEYS:
         return FRIENDLY_KEYS[name]
     key = name.replace("__", ".")
@@ -132,10 +127,10 @@ class GRPOTrainer:
     def train(self) -> dict:
         """Launch the services, run, stop them all; returns the summary (plus "metrics": the
         rows of metrics.jsonl, each with its phase and step)."""
-        from coordinator.run import Run
+        from coordinator.preference_run import create_run
         from reward_svc.function_env import FunctionRewardService
 
-        run = Run(self.config, self.console)
+        run = create_run(self.config, self.console)  # a dpo / rm config runs that algorithm
         hosted = [FunctionRewardService(task, fn, run.log) for task, fn in self.reward_fns.items()]
         run.hosted = hosted
         summary = run.execute()

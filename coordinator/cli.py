@@ -28,11 +28,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from coordinator.launcher import ServiceDied
     from coordinator.resume import NothingToResume
-    from coordinator.run import Run
+    from coordinator.preference_run import create_run
 
     try:
-        run = Run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
-    except NothingToResume as exc:
+        run = create_run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
+    except (NothingToResume, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from coordinator.config_preference import Algorithm, DPOConfig, RewardModelCfg, RMConfig, resolve_algorithm
 from reward_svc.config import SandboxLimits, ScorerName
 from trainer_svc.types import GrpoLossConfig
 
@@ -48,9 +49,31 @@ class OptimizerConfig(_Section):
 
 
 class DTensorConfig(_Section):
+    """policy.dtensor_cfg: trainer_svc/config.py DTensorSettings states each key's meaning."""
+
     enabled: bool = True
     """Train with the DTensor/FSDP2 backend."""
     activation_checkpointing: bool = False
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Must divide cluster.trainer_ranks; the rest of the ranks is data parallel (FSDP)."""
+    sequence_parallel: bool = False
+    """Needs tensor_parallel_size > 1."""
+    context_parallel_size: Literal[1] = 1
+    """Context parallelism is not available in the DTensor backend: only 1."""
+    cpu_offload: bool = False
+    """Parameters, gradients and optimizer state in host memory between uses (FSDP2 CPU offload)."""
+
+
+class SequencePackingConfig(_Section):
+    """policy.sequence_packing: several samples per micro-batch row, no attention across them
+    (trainer_svc/batching.py); micro-batches are then cut by token budget, not sample count."""
+
+    enabled: bool = False
+    train_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens per training micro-batch."""
+    logprob_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens per logprob micro-batch."""
+    algorithm: Literal["first_fit_decreasing", "concatenative"] = "first_fit_decreasing"
 
 
 class MegatronConfig(_Section):
@@ -91,8 +114,35 @@ class VllmConfig(_Section):
     tensor_parallel_size: Literal[1] = 1
 
 
+class ColocatedResourcesConfig(_Section):
+    """Devices of the dedicated generators (colocated.enabled: false) on a cluster; local runs
+    place every service on this host, so only null is meaningful there."""
+
+    gpus_per_node: int | None = Field(None, ge=0)
+    num_nodes: int | None = Field(None, ge=1)
+
+
+class ColocatedConfig(_Section):
+    """policy.generation.colocated: generators on the trainer's devices (weights by shared
+    memory on the host, CUDA IPC on GPUs) or dedicated ones (weights by the weight-sync group)."""
+
+    enabled: bool = False
+    resources: ColocatedResourcesConfig = ColocatedResourcesConfig()
+
+    @model_validator(mode="after")
+    def _resources_for_dedicated_only(self) -> ColocatedConfig:
+        if self.resources != ColocatedResourcesConfig():
+            if self.enabled:
+                raise ValueError("policy.generation.colocated.resources are the devices of dedicated generators; "
+                                 "with colocated.enabled: true leave them null")
+            warnings.warn("policy.generation.colocated.resources is ignored by local runs: every service runs on "
+                          "this host (cluster.num_generators sets how many generators)", stacklevel=2)
+        return self
+
+
 class GenerationConfig(_Section):
     backend: Literal["vllm"] = "vllm"
+    colocated: ColocatedConfig = ColocatedConfig()
     max_new_tokens: int = Field(4, gt=0)
     """Completion budget: 3 digits + EOS for the embedded task."""
     temperature: float = Field(1.0, ge=0)
@@ -115,7 +165,10 @@ class PolicyConfig(_Section):
     optimizer: OptimizerConfig = OptimizerConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     megatron_cfg: MegatronConfig = MegatronConfig()
+    sequence_packing: SequencePackingConfig = SequencePackingConfig()
     generation: GenerationConfig = GenerationConfig()
+    reward_model_cfg: RewardModelCfg = RewardModelCfg()
+    """Train a scalar-head reward model (with an rm section)."""
     backend: TrainingBackend | None = Field(None, exclude=True)
     """Resolved from dtensor_cfg/megatron_cfg at load; not a key to set."""
 
@@ -239,12 +292,17 @@ class SFTConfig(_Section):
 
 
 class DataConfig(_Section):
-    dataset_name: Literal["arithmetic", "jsonl"] = "arithmetic"
-    """`arithmetic`: the embedded synthetic task; `jsonl`: train_path / val_path files."""
+    dataset_name: Literal["arithmetic", "arithmetic_preference", "jsonl"] = "arithmetic"
+    """`arithmetic`: the embedded synthetic task; `arithmetic_preference`: its embedded toy preference
+    pairs (dpo/rm); `jsonl`: train_path / val_path files (prompt/answer rows, or prompt/chosen/rejected)."""
     train_path: str | None = None
     val_path: str | None = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    chosen_key: str = "chosen"
+    """Preference rows (dpo/rm): the preferred response."""
+    rejected_key: str = "rejected"
+    """Preference rows (dpo/rm): the dispreferred response."""
     task_key: str = "task"
     default_task: str = "arithmetic"
     num_train: int = Field(6000, gt=0)
@@ -333,15 +391,45 @@ class ExperimentConfig(_Section):
     cluster: ClusterConfig = ClusterConfig()
     checkpointing: CheckpointingConfig = CheckpointingConfig()
     logger: LoggerConfig = LoggerConfig()
+    dpo: DPOConfig | None = None
+    """DPO on preference pairs (coordinator/config_preference.py); its presence makes the run DPO."""
+    rm: RMConfig | None = None
+    """Reward-model training on preference pairs; its presence makes the run RM."""
+    algorithm: Algorithm | None = Field(None, exclude=True)
+    """Resolved from the dpo / rm sections at load; not a key to set."""
+
+    @model_validator(mode="after")
+    def _resolve_algorithm(self) -> ExperimentConfig:
+        if self.algorithm is not None:
+            raise ValueError("algorithm is derived from the dpo / rm sections; remove it")
+        object.__setattr__(self, "algorithm", resolve_algorithm(self.dpo, self.rm, self.policy.reward_model_cfg,
+                                                                self.data.dataset_name))
+        if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
+            raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
+                             f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
+        if not self.algorithm.uses_rollouts and self.policy.sequence_packing.enabled:
+            raise ValueError(f"policy.sequence_packing.enabled is not supported for {self.algorithm.value} runs "
+                             "(packing regroups samples and would split (chosen, rejected) pairs); set it to false")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
         samples = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
-        if self.grpo.max_num_steps and samples % self.policy.train_global_batch_size:
+        if self.algorithm.uses_rollouts and self.grpo.max_num_steps and samples % self.policy.train_global_batch_size:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size}) must divide "
                              f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples})")
         if self.data.default_task not in self.env:
             raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_layout(self) -> ExperimentConfig:
+        dtensor, ranks = self.policy.dtensor_cfg, self.cluster.trainer_ranks
+        if ranks % dtensor.tensor_parallel_size:
+            raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size ({dtensor.tensor_parallel_size}) must divide "
+                             f"cluster.trainer_ranks ({ranks})")
+        if dtensor.sequence_parallel and dtensor.tensor_parallel_size == 1:
+            raise ValueError("policy.dtensor_cfg.sequence_parallel needs tensor_parallel_size > 1; set it to false")
         return self
 
     @model_validator(mode="after")

@@ -23,8 +23,9 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
         "model_name": model_dir, "seed": cfg.grpo.seed, "dtype": policy.precision,
         "optimizer": {"lr": opt.lr, "weight_decay": opt.weight_decay, "betas": list(opt.betas), "eps": opt.eps},
         "max_grad_norm": policy.max_grad_norm,
-        "dtensor_cfg": {"enabled": policy.dtensor_cfg.enabled,
-                        "activation_checkpointing": policy.dtensor_cfg.activation_checkpointing},
+        "dtensor_cfg": policy.dtensor_cfg.model_dump(),
+        "sequence_packing": policy.sequence_packing.model_dump(),
+        "reward_model_cfg": policy.reward_model_cfg.model_dump(),
         "weight_sync_host": cfg.cluster.host,
     })
 
@@ -65,7 +66,8 @@ def scratch_root(run_dir: Path) -> Path:
 
 def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
                launcher: LocalLauncher) -> None:
-    """Start the trainer (torchrun), the generators and one reward service per task."""
+    """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators and one
+    reward service per task."""
     settings_dir = run_dir / "services"
     settings_dir.mkdir(parents=True, exist_ok=True)
     common = ["--host", cfg.cluster.host, "--coordinator", coordinator]
@@ -78,6 +80,8 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
         *common)))
+    if not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
+        return
     for index in range(cfg.cluster.num_generators):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
@@ -95,6 +99,8 @@ def all_registered(cfg: ExperimentConfig):
     def ready(members: list[Member]) -> bool:
         kinds = [m.kind for m in members]
         tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
+        if not cfg.algorithm.uses_rollouts:
+            return "trainer" in kinds
         return ("trainer" in kinds and kinds.count("generator") >= cfg.cluster.num_generators
                 and set(cfg.env) <= tasks)
     return ready

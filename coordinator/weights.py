@@ -9,6 +9,11 @@ timeout or a reset connection) is retried on a new epoch with the receivers that
 answer; the dead are reported through `on_dead` (the registry drops them). At most
 `max_attempts` attempts, then `PublishError` naming each attempt's failure.
 
+Colocated mode (`shared_dir` set): the trainer writes each version as HF safetensors into a
+fresh directory on the host's shared memory (tmpfs) and every generator loads it from there
+(GeneratorClient.load_shared_weights) with the same atomic swap; no group is formed, the
+directory is removed after the publish. Retries, health checks and admission are the same.
+
 Admission. Generators swap atomically (generator_svc), so none serves a half-received
 version; but one that missed a version (it joined late, or a publish to it failed) serves
 old weights. `admit` keeps such a generator out of the rollout until it serves the
@@ -18,11 +23,15 @@ group of just the stale ones) when the trainer still holds exactly that version.
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -50,7 +59,7 @@ class PublishReport:
 class WeightPublisher:
     def __init__(self, trainer, store_address: str, plan: BucketPlan, log, *, op_timeout_s: float = 30.0,
                  version: int = 0, max_attempts: int = 3, health_timeout_s: float = 5.0,
-                 on_dead: Callable[[object, Exception], None] | None = None):
+                 on_dead: Callable[[object, Exception], None] | None = None, shared_dir: Path | None = None):
         self._trainer = trainer
         self._store_address = store_address
         self._plan = plan
@@ -59,6 +68,7 @@ class WeightPublisher:
         self._max_attempts = max_attempts
         self._health_timeout_s = health_timeout_s
         self._on_dead = on_dead
+        self._shared_dir = shared_dir
         self.version = version
         self._epoch = -1
         self._members: tuple[str, ...] = ()
@@ -140,6 +150,8 @@ class WeightPublisher:
                            + "; ".join(errors))
 
     def _attempt(self, generators: list, version: int) -> PublishReport:
+        if self._shared_dir is not None:
+            return self._attempt_shared(generators, version, self._shared_dir)
         group = self._group_for(tuple(g.member_id for g in generators))
         start = time.perf_counter()
         timeout_s = self._op_timeout_s * (2 + len(self._plan.bucket_sizes_bytes))
@@ -158,6 +170,26 @@ class WeightPublisher:
         self._log.info("weights_published", version=version, epoch=group.epoch, generators=len(generators),
                        bytes=report.bytes_sent, seconds=round(duration, 3))
         return PublishReport(version, group.epoch, len(generators), report.bytes_sent, duration)
+
+    def _attempt_shared(self, generators: list, version: int, shared_dir: Path) -> PublishReport:
+        directory = shared_dir / f"v{version}-{secrets.token_hex(4)}"
+        start = time.perf_counter()
+        try:
+            self._trainer.export_hf(str(directory))  # trainer rank 0 writes into the host's shared memory
+            num_bytes = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+            timeout_s = self._op_timeout_s * 10
+            with ThreadPoolExecutor(len(generators)) as pool:
+                loads = [pool.submit(g.client.load_shared_weights, str(directory), version, timeout_s)
+                         for g in generators]
+                failure = next((e for e in [f.exception() for f in loads] if e is not None), None)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        if failure is not None:
+            raise failure
+        duration = time.perf_counter() - start
+        self._log.info("weights_published", version=version, shared_memory=True, generators=len(generators),
+                       bytes=num_bytes, seconds=round(duration, 3))
+        return PublishReport(version, self._epoch, len(generators), num_bytes, duration)
 
     def _check_trainer(self, errors: list[str]) -> None:
         try:
@@ -190,3 +222,11 @@ class WeightPublisher:
             if self._on_dead is not None:
                 self._on_dead(g, problem)
         return alive
+
+
+def shared_memory_dir() -> Path:
+    """This user's directory on the host's shared memory (/dev/shm, else the temp dir), mode 0700."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    path = base / f"tandem-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path

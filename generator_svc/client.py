@@ -62,6 +62,13 @@ class GeneratorClient:
             group=group_to_pb(group), rank=rank, version=version, bucket_plan=plan_to_pb(plan)), timeout=timeout_s)
         return reply.weight_version
 
+    def load_shared_weights(self, directory: str, version: int, timeout_s: float = 300.0) -> int:
+        """Colocated mode: ask the generator to load `version` from HF safetensors files in
+        `directory` (shared memory on its host); returns the version it serves."""
+        reply = self._stub.ReceiveWeights(pb.ReceiveWeightsRequest(version=version, shared_memory_dir=directory),
+                                          timeout=timeout_s)
+        return reply.weight_version
+
     def close(self) -> None:
         self._channel.close()
 

@@ -42,6 +42,11 @@ class GenerationEngine(Protocol):
         """
         ...
 
+    async def load_shared_weights(self, directory: str, version: int) -> int:
+        """Colocated mode: read `version` from HF safetensors files in `directory` (shared memory
+        on this host) and swap it in, with the same atomicity as `receive_weights`."""
+        ...
+
     def info(self) -> GeneratorInfo:
         """Model, weight version, engine, dtype, capacity and sequences in flight."""
         ...

@@ -65,8 +65,11 @@ class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
     async def ReceiveWeights(self, request: pb.ReceiveWeightsRequest, context: Any) -> pb.ReceiveWeightsResponse:
         engine, started = self._engine(), time.monotonic()
         try:
-            version = await engine.receive_weights(group_from_pb(request.group), request.rank, request.version,
-                                                   plan_from_pb(request.bucket_plan))
+            if request.shared_memory_dir:  # colocated mode: no group to join
+                version = await engine.load_shared_weights(request.shared_memory_dir, request.version)
+            else:
+                version = await engine.receive_weights(group_from_pb(request.group), request.rank, request.version,
+                                                       plan_from_pb(request.bucket_plan))
         finally:
             await (self.running.mark_ready() if engine.serving else self.running.mark_not_serving())
         return pb.ReceiveWeightsResponse(weight_version=version,

@@ -54,6 +54,21 @@ class TandemWeightExtension:
         self._tandem_staged = (version, staged)
         return len(staged)
 
+    def tandem_stage_shared(self, directory: str, version: int) -> int:
+        """Colocated mode: stage `version` from the safetensors files the trainer wrote into
+        `directory` (shared memory: the files are mapped, not sent). Raises, staging nothing, on failure."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        self._tandem_staged = None
+        files = sorted(Path(directory).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no safetensors files in {directory}")
+        staged = {name: tensor for f in files for name, tensor in load_file(str(f), device=str(self.device)).items()}
+        self._tandem_staged = (version, staged)
+        return len(staged)
+
     def tandem_apply_staged(self, version: int) -> int:
         """Load the staged `version` into the model; returns the number of tensors loaded."""
         staged = getattr(self, "_tandem_staged", None)

@@ -6,12 +6,22 @@ Conventions (also stated on `TrainerBackend`):
 - Token-aligned tensors are [B, T-1]: column j belongs to token j+1, predicted from
   tokens 0..j. Completion token k of a sample with prompt length P sits in column P-1+k.
 - The logprobs returned for a sample are `logprobs[k] = log p(token_ids[P+k] | token_ids[:P+k])`.
+
+Sequence packing (`pack`): the micro-batch's samples are also concatenated into one row
+[1, T] whose position ids restart at 0 for every sample; HF attention turns restarting
+position ids into a block-diagonal causal mask (only without a KV cache: call the model with
+use_cache=False), so no token attends across samples. The
+model runs on the packed row; `unpack_logprobs` scatters its [1, T-1] logprobs back into the
+padded [B, T-1] layout above, so losses (token- and sequence-level) see exactly the tensors of
+the unpacked path. The packed column that predicts a sample's first token from the previous
+sample is never used: a sample's first token is a prompt token (prompt_length >= 1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -71,8 +81,25 @@ def count_loss_tokens(samples: Sequence[Sample]) -> int:
 
 
 @dataclass(frozen=True)
+class PackedRow:
+    """The samples of a micro-batch concatenated into one row (see module doc).
+
+    input_ids, position_ids: [1, T] with T the sum of the sample lengths.
+    columns: [B, Tu-1] long, for each column of the padded layout the packed column holding
+        the same token (0 on padding columns, which the mask zeroes).
+    mask: [1, T-1] the loss mask in the packed layout (entropy is summed over it).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    columns: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
 class MicroBatch:
-    """A collated micro-batch: input_ids [B, T]; the other tensors [B, T-1] (see module doc)."""
+    """A collated micro-batch: input_ids [B, T]; the other tensors [B, T-1] (see module doc).
+    `packed` is set when the model runs on the samples concatenated into one row."""
 
     input_ids: torch.Tensor
     mask: torch.Tensor
@@ -80,6 +107,7 @@ class MicroBatch:
     generation_logprobs: torch.Tensor
     prompt_lengths: tuple[int, ...]
     lengths: tuple[int, ...]
+    packed: PackedRow | None = None
 
 
 def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> MicroBatch:
@@ -110,3 +138,69 @@ def completion_logprobs(logprobs: torch.Tensor, batch: MicroBatch) -> list[list[
     """Per sample, the [B, T-1] logprobs of its completion tokens as plain lists."""
     rows = logprobs.detach().float().cpu()
     return [rows[i, p - 1:n - 1].tolist() for i, (p, n) in enumerate(zip(batch.prompt_lengths, batch.lengths))]
+
+
+def pack(samples: Sequence[Sample], pad_id: int, device: torch.device) -> MicroBatch:
+    """`collate(samples)` plus the packed row the model runs on (see module doc)."""
+    batch = collate(samples, pad_id, device)
+    lengths = [len(s.token_ids) for s in samples]
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    ids = torch.as_tensor([t for s in samples for t in s.token_ids], dtype=torch.long)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    width = batch.input_ids.shape[1] - 1
+    columns = torch.zeros(len(samples), width, dtype=torch.long)
+    for i, (start, n) in enumerate(zip(starts, lengths)):
+        columns[i, :n - 1] = torch.arange(start, start + n - 1)
+    mask = torch.zeros(1, len(ids) - 1)
+    mask[0].index_put_((columns.flatten(),), batch.mask.cpu().flatten(), accumulate=True)
+    packed = PackedRow(ids[None].to(device), positions[None].to(device), columns.to(device), mask.to(device))
+    return MicroBatch(batch.input_ids, batch.mask, batch.advantages, batch.generation_logprobs,
+                      batch.prompt_lengths, batch.lengths, packed)
+
+
+def unpack_logprobs(packed_logprobs: torch.Tensor, packed: PackedRow) -> torch.Tensor:
+    """[1, T-1] logprobs of a packed row -> [B, Tu-1] in the padded layout (finite on padding)."""
+    return packed_logprobs[0][packed.columns]
+
+
+PackingAlgorithm = Literal["first_fit_decreasing", "concatenative"]
+
+
+def pack_bins(lengths: Sequence[int], max_tokens: int, algorithm: PackingAlgorithm) -> list[list[int]]:
+    """Group indices into bins of at most `max_tokens` tokens (a longer sample gets a bin alone).
+
+    first_fit_decreasing: longest first, each into the first bin with room (fewest bins);
+    concatenative: in order, a new bin whenever the next sample does not fit.
+    Indices are ascending within each bin.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"the packing token budget must be > 0, got {max_tokens}")
+    order = range(len(lengths))
+    if algorithm == "first_fit_decreasing":
+        order = sorted(order, key=lambda i: (-lengths[i], i))
+    elif algorithm != "concatenative":
+        raise ValueError(f"unknown packing algorithm {algorithm!r}: use first_fit_decreasing or concatenative")
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        candidates = range(len(bins)) if algorithm == "first_fit_decreasing" else range(len(bins) - 1, len(bins))
+        target = next((b for b in candidates if b >= 0 and room[b] >= n), None)
+        if target is None:
+            bins.append([])
+            room.append(max_tokens)
+            target = len(bins) - 1
+        bins[target].append(i)
+        room[target] -= n
+    return [sorted(b) for b in bins]
+
+
+def rank_micro_batches(samples: Sequence[Sample], rank: int, world_size: int,
+                       split: Callable[[Sequence[Sample]], list[list[int]]]) -> tuple[Sequence[Sample], list[list[int]]]:
+    """This rank's shard and its micro-batches as index lists into it, padded with empty lists
+    so every rank runs the same number of forwards (each is a collective under FSDP)."""
+    groups = [split(rank_shard(samples, r, world_size)) for r in range(world_size)]
+    count = max(len(g) for g in groups)
+    return rank_shard(samples, rank, world_size), groups[rank] + [[] for _ in range(count - len(groups[rank]))]

@@ -8,6 +8,7 @@ and `tandem.weight_sync`. Every call has a deadline: `call_timeout_s` for quick 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from protos.tandem.trainer.v1 import trainer_pb2 as pb
@@ -16,6 +17,8 @@ from tandem.convert import group_to_pb, plan_from_pb
 from tandem.rpc import open_channel
 from tandem.weight_sync import GroupSpec
 from trainer_svc.types import (
+    BradleyTerryLossConfig,
+    DpoLossConfig,
     GrpoLossConfig,
     LossConfig,
     NllLossConfig,
@@ -90,6 +93,10 @@ class TrainerClient:
                 request.grpo.CopyFrom(_grpo_loss_pb(loss))
             case NllLossConfig():
                 request.nll.SetInParent()
+            case DpoLossConfig():
+                request.dpo.CopyFrom(pb.DpoLoss(**dataclasses.asdict(loss)))
+            case BradleyTerryLossConfig():
+                request.bradley_terry.SetInParent()
             case _:
                 raise TypeError(f"unknown loss config {type(loss).__name__}")
         reply = self._stub.TrainStep(request, timeout=self._long)

@@ -30,13 +30,58 @@ class OptimizerSettings(_Strict):
 
 
 class DTensorSettings(_Strict):
-    """The DTensor/FSDP2 backend: every decoder layer and the root are `fully_shard`ed over
-    all ranks (1-D mesh)."""
+    """The DTensor/FSDP2 backend (NeMo-RL's `policy.dtensor_cfg` keys): a (dp, tp) mesh over all
+    ranks; tensor parallel over "tp", every decoder layer and the root `fully_shard`ed over "dp"."""
 
     enabled: bool = True
     """Use this backend; it is the only one this service implements."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (non-reentrant)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Ranks that split each layer (heads, MLP width, vocabulary); must divide the world size."""
+    sequence_parallel: bool = False
+    """With tensor_parallel_size > 1: shard the residual stream and norms along the sequence."""
+    context_parallel_size: int = Field(1, ge=1)
+    """Only 1: context parallelism (ring attention) is not available in this backend."""
+    cpu_offload: bool = False
+    """Keep parameters, gradients and optimizer state in host memory between uses (FSDP2
+    CPUOffloadPolicy; the optimizer steps on the CPU). On a CPU-only machine nothing moves."""
+
+    @model_validator(mode="after")
+    def _supported(self) -> DTensorSettings:
+        if self.context_parallel_size != 1:
+            raise ValueError("dtensor_cfg.context_parallel_size > 1 is not supported: context parallelism needs "
+                             "ring attention over CUDA SDPA kernels, which neither this backend nor CPU/gloo "
+                             "provides; set it to 1 (use sequence packing or activation checkpointing for long "
+                             "sequences)")
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("dtensor_cfg.sequence_parallel needs tensor_parallel_size > 1; set it to false")
+        return self
+
+
+class SequencePackingSettings(_Strict):
+    """Pack each micro-batch's samples into one row (NeMo-RL's `policy.sequence_packing`):
+    micro-batches are then formed by token budget, not by micro_batch_size."""
+
+    enabled: bool = False
+    """Run the model on packed rows (block-diagonal causal attention, same losses and logprobs)."""
+    train_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens in one training micro-batch (a longer sample gets one alone)."""
+    logprob_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens in one logprob micro-batch."""
+    algorithm: Literal["first_fit_decreasing", "concatenative"] = "first_fit_decreasing"
+    """How samples are grouped: longest first into the first bin with room, or in order."""
+
+
+class RewardModelTrainingSettings(_Strict):
+    """NeMo-RL's policy.reward_model_cfg: train a scalar-head reward model instead of a policy."""
+
+    enabled: bool = False
+    """Load model_name as a sequence classifier with one output (AutoModelForSequenceClassification,
+    num_labels=1; a causal-LM checkpoint gets a fresh score head) that trains only with the
+    Bradley-Terry loss; ExportHf then writes a checkpoint reward_svc's reward_model scorer serves."""
+    reward_model_type: Literal["bradley_terry"] = "bradley_terry"
+    """The preference model; Bradley-Terry is the only one."""
 
 
 class TrainerSettings(_Strict):
@@ -57,6 +102,10 @@ class TrainerSettings(_Strict):
     """Clip the global gradient norm to this; None disables clipping (the norm is still reported)."""
     dtensor_cfg: DTensorSettings = DTensorSettings()
     """DTensor/FSDP2 backend settings."""
+    reward_model_cfg: RewardModelTrainingSettings = RewardModelTrainingSettings()
+    """Reward-model training (a sequence classifier instead of a causal LM)."""
+    sequence_packing: SequencePackingSettings = SequencePackingSettings()
+    """Sequence packing of micro-batches."""
     weight_sync_host: str = "127.0.0.1"
     """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
     weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)

@@ -21,10 +21,14 @@ from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import close_distributed, init_distributed
-from trainer_svc.hf import model_fingerprint, write_hf_checkpoint
+from trainer_svc.hf import classifier_config, model_fingerprint, write_hf_checkpoint
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
+from trainer_svc.pairs import validate_pairs
 from trainer_svc.types import (
+    PAIRED_LOSSES,
+    BradleyTerryLossConfig,
+    DpoLossConfig,
     GrpoLossConfig,
     LossConfig,
     NllLossConfig,
@@ -77,8 +81,9 @@ class TrainerEngine:
     """Drives a TrainerBackend on every rank; rank 0 also owns the WeightSender."""
 
     def __init__(self, backend: TrainerBackend, lockstep: Lockstep, *, model_name: str, plan: BucketPlan,
-                 sender: WeightSender | None, fingerprint: str, log: Any):
+                 sender: WeightSender | None, fingerprint: str, log: Any, reward_model: bool = False):
         self._backend = backend
+        self._reward_model = reward_model  # a scalar-head sequence classifier: Bradley-Terry only
         self._lockstep = lockstep
         self._model_name = model_name
         self._plan = plan
@@ -105,17 +110,26 @@ class TrainerEngine:
             raise ValueError(f"policy must be 'current' or 'reference', got {policy!r}")
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
+        if self._reward_model:
+            raise ValueError("this trainer holds a reward model (reward_model_cfg.enabled): it scores sequences "
+                             "and has no token logprobs")
         validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=False)
         return self._run(_ComputeLogprobs(tuple(samples), policy, micro_batch_size))
 
     def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
                    micro_batch_size: int, learning_rate: float | None = None) -> StepResult:
         """Optimizer steps over `samples`; learning_rate overrides the configured one for this call."""
-        if not isinstance(loss, GrpoLossConfig | NllLossConfig):
+        if not isinstance(loss, GrpoLossConfig | NllLossConfig | DpoLossConfig | BradleyTerryLossConfig):
             raise ValueError(f"unknown loss {type(loss).__name__}")
+        if self._reward_model != isinstance(loss, BradleyTerryLossConfig):
+            raise ValueError("the Bradley-Terry loss trains a reward model and a reward model trains only with it: "
+                             f"got {type(loss).__name__} for a trainer with reward_model_cfg.enabled="
+                             f"{str(self._reward_model).lower()}")
         validate_samples(samples, self._backend.vocab_size,
                          need_generation_logprobs=isinstance(loss, GrpoLossConfig))
         validate_train_layout(len(samples), global_batch_size, micro_batch_size, self._backend.world_size)
+        if isinstance(loss, PAIRED_LOSSES):
+            validate_pairs(samples, global_batch_size, micro_batch_size, self._backend.world_size)
         if learning_rate is not None and not learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
         result = self._run(_TrainStep(tuple(samples), loss, global_batch_size, micro_batch_size, learning_rate))
@@ -194,7 +208,8 @@ class TrainerEngine:
                 state = backend.gather_hf_state_dict()
                 if state is None:
                     return 0
-                return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=backend.checkpoint_dtype)
+                return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=backend.checkpoint_dtype,
+                                           config=classifier_config(self._model_name) if self._reward_model else None)
         raise TypeError(f"unknown command {type(command).__name__}")
 
 
@@ -213,4 +228,5 @@ def build_engine(settings: TrainerSettings, log: Any) -> TrainerEngine:
     log.info("trainer_ready", world_size=env.world_size, device=str(env.device),
              num_parameters=backend.num_parameters, plan_bytes=plan.total_bytes)
     return TrainerEngine(backend, Lockstep(env.cpu_group, env.rank, env.world_size), model_name=settings.model_name,
-                         plan=plan, sender=sender, fingerprint=fingerprint, log=log)
+                         plan=plan, sender=sender, fingerprint=fingerprint, log=log,
+                         reward_model=settings.reward_model_cfg.enabled)

@@ -38,16 +38,41 @@ def model_fingerprint(model_dir: str | Path, fallback_shapes: Mapping[str, tuple
     return digest.hexdigest()
 
 
+def classifier_config(model_dir: str | Path):  # -> transformers.PretrainedConfig
+    """`model_dir`'s config as a scalar-head sequence classifier: num_labels 1, the architecture
+    renamed (LlamaForCausalLM -> LlamaForSequenceClassification), and a pad token id, which HF's
+    pooling needs to find each row's last real token (the config's, else the EOS id)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if config.model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        raise ValueError(f"{model_dir}: model type {config.model_type!r} has no sequence-classification class in "
+                         "transformers; reward-model training needs one")
+    config.num_labels = 1
+    config.architectures = [MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[config.model_type]]
+    if not isinstance(config.pad_token_id, int):
+        eos = config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) else eos
+        if not isinstance(eos, int):
+            raise ValueError(f"{model_dir}: config.json has neither pad_token_id nor eos_token_id; set pad_token_id")
+        config.pad_token_id = eos
+    return config
+
+
 def write_hf_checkpoint(state: Mapping[str, torch.Tensor], out_dir: str | Path, *, source_dir: str | Path,
-                        dtype: torch.dtype) -> int:
+                        dtype: torch.dtype, config=None) -> int:
     """Write `state` as safetensors in `dtype` plus the source's non-weight files (config,
-    tokenizer, generation config); returns the number of tensors written."""
+    tokenizer, generation config; `config`, if given, replaces the source's config.json);
+    returns the number of tensors written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     source = Path(source_dir)
     for file in source.iterdir():
         if file.is_file() and not file.name.endswith(WEIGHT_SUFFIXES) and not file.name.endswith(".index.json"):
             shutil.copy2(file, out / file.name)
+    if config is not None:
+        config.save_pretrained(out)
     tensors = {name: t.detach().to(dtype=dtype, device="cpu").contiguous() for name, t in state.items()}
     shards = _split(tensors)
     if len(shards) == 1:

@@ -15,6 +15,13 @@ Tensor and batch conventions:
 - Loss normalisation is global: each micro-batch divides its masked token sum by the number
   of masked-in tokens of the whole optimizer step on all ranks, and gradients are SUMMED
   across ranks, so results do not depend on the split into micro-batches or ranks.
+- Preference losses (`PAIRED_LOSSES`: DPO, Bradley-Terry): samples[2k] is chosen and
+  samples[2k + 1] rejected; a backend keeps each pair whole and in order in one micro-batch
+  (the engine has checked that contiguous shards and micro-batches do) and normalises by the
+  step's sequence count (pairs = sequences / 2). A loss with `takes_sequence_scores` (Bradley-
+  Terry) gets the model's scalar output per row [B] instead of token logprobs.
+- A backend built with `reward_model_cfg.enabled` holds a one-output sequence classifier (HF's
+  pooling: the score at each row's last non-pad token) and trains it with Bradley-Terry only.
 - Full state dicts use Hugging Face parameter names and full (unsharded) CPU tensors.
 """
 

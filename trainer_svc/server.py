@@ -18,7 +18,14 @@ from tandem import service
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
 from trainer_svc.engine import TrainerEngine
-from trainer_svc.types import GrpoLossConfig, LossConfig, NllLossConfig, Sample
+from trainer_svc.types import (
+    BradleyTerryLossConfig,
+    DpoLossConfig,
+    GrpoLossConfig,
+    LossConfig,
+    NllLossConfig,
+    Sample,
+)
 
 SERVICE_NAME = "tandem.trainer.v1.TrainerService"
 _POLICIES = {pb.POLICY_KIND_CURRENT: "current", pb.POLICY_KIND_REFERENCE: "reference"}
@@ -40,7 +47,13 @@ def _loss(request: pb.TrainStepRequest) -> LossConfig:
             return _grpo_loss(request.grpo)
         case "nll":
             return NllLossConfig()
-    raise ValueError("TrainStepRequest.loss is not set (grpo or nll)")
+        case "dpo":
+            d = request.dpo
+            return DpoLossConfig(d.reference_policy_kl_penalty, d.preference_loss_weight, d.sft_loss_weight,
+                                 d.preference_average_log_probs, d.sft_average_log_probs)
+        case "bradley_terry":
+            return BradleyTerryLossConfig()
+    raise ValueError("TrainStepRequest.loss is not set (grpo, nll, dpo or bradley_terry)")
 
 
 def _grpo_loss(g: pb.GrpoLoss) -> GrpoLossConfig:

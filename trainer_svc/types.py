@@ -115,7 +115,41 @@ class NllLossConfig:
     """Token-mean negative log-likelihood of the masked completion tokens (SFT)."""
 
 
-LossConfig = GrpoLossConfig | NllLossConfig
+@dataclass(frozen=True)
+class DpoLossConfig:
+    """NeMo-RL's DPOLossFn (field names are its `dpo.*` keys; `trainer_svc.losses.preference`
+    states the formula): preference term -log sigmoid(beta * (r_chosen - r_rejected)) with
+    r = summed (or averaged) token log-ratios to the frozen reference, plus an optional NLL term
+    on the chosen completions. Samples come in (chosen, rejected) pairs (see PAIRED_LOSSES)."""
+
+    reference_policy_kl_penalty: float = 0.05
+    """beta: scale of the reward difference inside the sigmoid."""
+    preference_loss_weight: float = 1.0
+    sft_loss_weight: float = 0.0
+    """Weight of the NLL of the chosen completions; 0: no SFT term."""
+    preference_average_log_probs: bool = False
+    """Average each completion's token log-ratios instead of summing them."""
+    sft_average_log_probs: bool = False
+    """Average each chosen completion's token NLL instead of summing it."""
+
+    def __post_init__(self) -> None:
+        if not self.reference_policy_kl_penalty > 0:
+            raise ValueError(f"dpo.reference_policy_kl_penalty (beta) must be > 0, got {self.reference_policy_kl_penalty}")
+        if self.preference_loss_weight < 0 or self.sft_loss_weight < 0:
+            raise ValueError("dpo.preference_loss_weight and dpo.sft_loss_weight must be >= 0")
+        if self.preference_loss_weight == 0 and self.sft_loss_weight == 0:
+            raise ValueError("dpo.preference_loss_weight and dpo.sft_loss_weight are both 0: nothing to train")
+
+
+@dataclass(frozen=True)
+class BradleyTerryLossConfig:
+    """Bradley-Terry loss of a scalar-head reward model (a sequence classifier with one label):
+    -log sigmoid(score(chosen) - score(rejected)), mean over pairs. Samples come in pairs."""
+
+
+LossConfig = GrpoLossConfig | NllLossConfig | DpoLossConfig | BradleyTerryLossConfig
+PAIRED_LOSSES = (DpoLossConfig, BradleyTerryLossConfig)
+"""Losses over preference pairs: samples[2k] (chosen) is preferred to samples[2k + 1] (rejected)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from coordinator.config import ExperimentConfig
 from coordinator.data import Example, PromptCursor, Tokens
 from coordinator.services import Services
-from coordinator.weights import WeightPublisher
+from coordinator.weights import WeightPublisher, shared_memory_dir
 
 
 @dataclass
@@ -26,8 +26,10 @@ class LoopContext:
         drops generators that die during a publish, and rollouts only use generators serving
         the published version."""
         info = services.trainer.info()
+        shared_dir = shared_memory_dir() if cfg.policy.generation.colocated.enabled else None
         publisher = WeightPublisher(services.trainer, info.weight_sync_store_address, info.bucket_plan, log,
-                                    op_timeout_s=op_timeout_s, on_dead=services.generator_failed)
+                                    op_timeout_s=op_timeout_s, on_dead=services.generator_failed,
+                                    shared_dir=shared_dir)
         services.weights = publisher
         return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log)
 

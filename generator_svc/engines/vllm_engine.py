@@ -146,19 +146,23 @@ class VllmEngine:
         return to_completion(final.outputs[0], prompt_index, sample_index, self._version)
 
     async def receive_weights(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan) -> int:
+        if not 1 <= rank < group.world_size:
+            raise ValueError(f"generators take ranks 1..{group.world_size - 1} of the group, got {rank}")
+        log = self._log.bind(weight_version=version, epoch=group.epoch, rank=rank)
         # Shielded: a caller that gives up (deadline) must not interrupt a swap half-way.
-        return await asyncio.shield(self._swap(group, rank, version, plan))
+        return await asyncio.shield(self._swap(version, log, lambda: self._stage(group, rank, version, plan, log)))
 
-    async def _swap(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan) -> int:
+    async def load_shared_weights(self, directory: str, version: int) -> int:
+        log = self._log.bind(weight_version=version, shared_memory_dir=directory)
+        return await asyncio.shield(self._swap(version, log, lambda: self._stage_shared(directory, version, log)))
+
+    async def _swap(self, version: int, log: Any, stage: Any) -> int:
         async with self._swap_lock:
             if self._serving and version < self._version:
                 raise ValueError(f"weight version {version} is older than the served version {self._version}")
-            if not 1 <= rank < group.world_size:
-                raise ValueError(f"generators take ranks 1..{group.world_size - 1} of the group, got {rank}")
-            log = self._log.bind(weight_version=version, epoch=group.epoch, rank=rank)
             # Receive first, while calls in flight go on (the worker stalls them only while the
             # bytes arrive): the trainer is not kept waiting for them to drain.
-            await self._stage(group, rank, version, plan, log)
+            await stage()
             async with self._gate.swap():  # calls in flight finish on the old weights; new ones wait
                 await self._llm.pause_generation(mode="wait", clear_cache=True)
                 await self._apply(version, log)  # on failure it raises and generation stays paused
@@ -178,6 +182,17 @@ class VllmEngine:
                                   f"{'keeps serving' if self._serving else 'is not serving'}: {exc}") from exc
         log.info("weights_received", tensors=counts[0], bytes=plan.total_bytes,
                  seconds=round(time.monotonic() - started, 3))
+
+    async def _stage_shared(self, directory: str, version: int, log: Any) -> None:
+        started = time.monotonic()
+        try:
+            counts = await self._llm.collective_rpc("tandem_stage_shared", timeout=300.0, args=(directory, version))
+        except Exception as exc:  # as in _stage: the old weights are untouched
+            log.warning("weights_load_failed", error=f"{type(exc).__name__}: {exc}", serving=self._serving)
+            raise ConnectionError(f"loading weight version {version} from {directory} failed, version "
+                                  f"{self._version} {'keeps serving' if self._serving else 'is not serving'}: "
+                                  f"{exc}") from exc
+        log.info("weights_loaded_from_shared_memory", tensors=counts[0], seconds=round(time.monotonic() - started, 3))
 
     async def _apply(self, version: int, log: Any) -> None:
         """Swap the staged version in (generation is paused)."""

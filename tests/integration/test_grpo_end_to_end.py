@@ -1,6 +1,7 @@
 """The whole loop on real processes on 127.0.0.1: 2 torchrun trainer ranks, 2 vLLM
 generators, 1 reward service and the coordinator's membership server, started by the same
-code as `tandem run` (LocalCluster)."""
+code as `tandem run` (LocalCluster). Every test runs in both generation modes: dedicated
+(weights over the weight-sync group) and colocated (weights through the host's shared memory)."""
 
 import math
 
@@ -25,12 +26,13 @@ from trainer_svc.types import Sample
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+@pytest.fixture(scope="module", params=["dedicated", "colocated"])
+def loop(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("e2e")
     cfg = load_config(overrides=[
         "cluster.num_generators=2", "cluster.trainer_ranks=2", f"logger.log_dir={root}",
-        "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32"])
+        "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32",
+        f"policy.generation.colocated.enabled={str(request.param == 'colocated').lower()}"])
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 2000, 64)
     run_dir = root / "run"
@@ -66,7 +68,10 @@ def test_sft_then_grpo_steps_complete_on_policy(loop):
 
 def test_weight_push_reaches_every_generator_exactly(loop):
     ctx, _ = loop
-    ctx.publish()
+    report = ctx.publish()
+    colocated = ctx.cfg.policy.generation.colocated.enabled
+    assert (report.epoch == -1) == colocated  # colocated: no weight-sync group was ever formed
+    assert report.bytes_sent > 0
     prompt = ctx.tokens.prompt("37+45=")
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=6, seed=0)
     for handle in ctx.services.generators():

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from tandem.weight_sync import GroupSpec
 from tests import procs
 from trainer_svc.client import TrainerClient
-from trainer_svc.losses import grpo_loss
-from trainer_svc.types import GrpoLossConfig, NllLossConfig, Sample
+from trainer_svc.losses import dpo_loss, grpo_loss
+from trainer_svc.types import BradleyTerryLossConfig, DpoLossConfig, GrpoLossConfig, NllLossConfig, Sample
 
 pytestmark = pytest.mark.integration
 
@@ -183,6 +183,38 @@ def test_two_ranks_match_one_process_computation(trainer, tmp_path):
     assert result.metrics["loss"] == pytest.approx(expected.loss.item(), rel=1e-4, abs=1e-6)
     assert result.metrics["kl"] == pytest.approx(expected.metrics["kl"].item(), rel=1e-4, abs=1e-7)
     assert result.metrics["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+
+
+def test_two_ranks_dpo_matches_one_process_computation(trainer, tmp_path):
+    """4 (chosen, rejected) pairs over 2 ranks in micro-batches of one pair: the DPO loss, its
+    metrics and the grad norm equal the whole batch computed here against the initial weights."""
+    config = DpoLossConfig(reference_policy_kl_penalty=0.5, sft_loss_weight=0.3)
+    batch = _samples(11, shapes=((9, 3), (6, 2), (12, 5), (7, 4), (10, 1), (8, 2), (11, 6), (5, 1)))
+    trainer.client.export_hf(str(tmp_path / "now"))
+    model, reference = _hf_model(tmp_path / "now"), _hf_model(trainer.model_dir)
+    curr = [_hf_logprobs(model, s) for s in batch]
+    with torch.no_grad():
+        ref = [_hf_logprobs(reference, s) for s in batch]
+    width = max(len(c) for c in curr)
+
+    def pad(rows):
+        return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+
+    expected = dpo_loss(pad(curr), reference_logprobs=pad(ref), mask=pad([torch.ones(len(c)) for c in curr]),
+                        num_global_pairs=4, config=config)
+    expected.loss.backward()
+    grad_norm = math.sqrt(sum(p.grad.pow(2).sum().item() for p in model.parameters()))
+
+    result = trainer.client.train_step(batch, config, global_batch_size=8, micro_batch_size=2)
+    for name in ("loss", "preference_loss", "sft_loss", "accuracy", "reward_margin"):
+        assert result.metrics[name] == pytest.approx(expected.metrics[name].item(), rel=1e-4, abs=1e-6), name
+    assert result.metrics["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    with pytest.raises(grpc.RpcError) as err:  # a causal LM does not train with the reward-model loss
+        trainer.client.train_step(batch, BradleyTerryLossConfig(), global_batch_size=8, micro_batch_size=2)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Bradley-Terry" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:  # a rank would split a pair
+        trainer.client.train_step(batch[:6], config, global_batch_size=6, micro_batch_size=2)
+    assert "whole pairs" in err.value.details()
 
 
 RECEIVER = """

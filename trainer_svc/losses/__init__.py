@@ -12,6 +12,11 @@ by num_global_sequences, the step's sequences with at least one masked-in token;
 ranks therefore gives the mean of the whole global batch, however it is split. Metrics use
 the same normalisation, so they are summed the same way.
 
+Preference losses (DPO, Bradley-Terry; `trainer_svc.losses.preference`) take rows in (chosen,
+rejected) pairs and normalise by the step's pairs, num_global_sequences / 2. Bradley-Terry
+takes one score per sequence ([B], a scalar-head model's output) instead of token logprobs
+(`LossFn.takes_sequence_scores`).
+
 `build_loss_fn` dispatches once on the loss config type; nothing downstream inspects it.
 """
 
@@ -26,10 +31,18 @@ import torch
 from trainer_svc.losses.common import LossInputs, LossOutput, masked_entropy_sum
 from trainer_svc.losses.grpo import grpo_loss
 from trainer_svc.losses.nll import nll_loss
-from trainer_svc.types import GrpoLossConfig, LossConfig, NllLossConfig, Sample
+from trainer_svc.losses.preference import bradley_terry_loss, dpo_loss
+from trainer_svc.types import (
+    BradleyTerryLossConfig,
+    DpoLossConfig,
+    GrpoLossConfig,
+    LossConfig,
+    NllLossConfig,
+    Sample,
+)
 
-__all__ = ["LossFn", "LossInputs", "LossOutput", "build_loss_fn", "count_loss_sequences", "grpo_loss", "nll_loss",
-           "masked_entropy_sum"]
+__all__ = ["LossFn", "LossInputs", "LossOutput", "bradley_terry_loss", "build_loss_fn", "count_loss_sequences",
+           "dpo_loss", "grpo_loss", "nll_loss", "masked_entropy_sum"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,9 @@ class LossFn:
     needs_previous_logprobs: bool
     needs_reference_logprobs: bool
     needs_generation_logprobs: bool
+    takes_sequence_scores: bool = False
+    """True: the first argument is one score per sequence [B] (a sequence classifier's scalar
+    head) instead of token logprobs [B, T-1]."""
 
     def __call__(self, curr_logprobs: torch.Tensor, inputs: LossInputs, num_global_tokens: float,
                  num_global_sequences: float | None = None) -> LossOutput:
@@ -62,6 +78,12 @@ def build_loss_fn(config: LossConfig) -> LossFn:
         case NllLossConfig():
             return LossFn(_nll, needs_previous_logprobs=False, needs_reference_logprobs=False,
                           needs_generation_logprobs=False)
+        case DpoLossConfig():
+            return LossFn(partial(_dpo, config=config), needs_previous_logprobs=False,
+                          needs_reference_logprobs=True, needs_generation_logprobs=False)
+        case BradleyTerryLossConfig():
+            return LossFn(_bradley_terry, needs_previous_logprobs=False, needs_reference_logprobs=False,
+                          needs_generation_logprobs=False, takes_sequence_scores=True)
     raise TypeError(f"unknown loss config {type(config).__name__}")
 
 
@@ -75,3 +97,20 @@ def _grpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_
 
 def _nll(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_global_sequences: float | None) -> LossOutput:
     return nll_loss(curr, mask=inputs.mask, num_global_tokens=num_global_tokens)
+
+
+def _pairs(num_global_sequences: float | None) -> float:
+    assert num_global_sequences is not None, "preference losses need the step's sequence count"
+    return num_global_sequences / 2
+
+
+def _dpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_global_sequences: float | None, *,
+         config: DpoLossConfig) -> LossOutput:
+    assert inputs.reference_logprobs is not None
+    return dpo_loss(curr, reference_logprobs=inputs.reference_logprobs, mask=inputs.mask,
+                    num_global_pairs=_pairs(num_global_sequences), config=config)
+
+
+def _bradley_terry(scores: torch.Tensor, inputs: LossInputs, num_global_tokens: float,
+                   num_global_sequences: float | None) -> LossOutput:
+    return bradley_terry_loss(scores, num_global_pairs=_pairs(num_global_sequences))

@@ -8,27 +8,29 @@ swapped into the live parameters (in place, exactly) for the duration of a refer
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from trainer_svc.backends.dtensor import checkpoint
 from trainer_svc.backends.dtensor.model import load_sharded_policy
+from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, clip_grad_norm, offload_policy
 from trainer_svc.batching import (
     MicroBatch,
     collate,
     completion_logprobs,
     count_loss_tokens,
-    micro_batches,
     optimizer_steps,
-    rank_shard,
+    pack,
+    pack_bins,
+    rank_micro_batches,
     token_logprobs,
+    unpack_logprobs,
 )
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import DistEnv
@@ -36,27 +38,32 @@ from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_seq
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
 class DTensorBackend:
-    """The FSDP2 backend over all ranks of the default process group (1-D mesh "dp")."""
+    """FSDP2 (x tensor parallel) over all ranks of the default process group, on a (dp, tp) mesh.
+
+    Data is split over "dp" only: the tp ranks of one dp group run the same micro-batches.
+    """
 
     backend_kind = "dtensor"
 
     def __init__(self, settings: TrainerSettings, env: DistEnv):
         torch.manual_seed(settings.seed)
         self._env = env
+        self._packing = settings.sequence_packing
         self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
-        mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp",))
-        policy = load_sharded_policy(settings.model_name, env=env, mesh=mesh,
+        cfg = settings.dtensor_cfg
+        self._dims = ParallelDims(env.world_size, cfg.tensor_parallel_size, cfg.sequence_parallel)
+        mesh = self._dims.build_mesh(env.device.type)
+        self._dp_rank, self._dp_group = mesh.get_local_rank(MeshAxis.DP), mesh.get_group(MeshAxis.DP)
+        policy = load_sharded_policy(settings.model_name, env=env, mesh=mesh, dims=self._dims,
                                      compute_dtype=getattr(torch, settings.dtype),
-                                     activation_checkpointing=settings.dtensor_cfg.activation_checkpointing)
+                                     activation_checkpointing=cfg.activation_checkpointing,
+                                     offload_policy=offload_policy(cfg.cpu_offload, env.device),
+                                     sequence_classifier=settings.reward_model_cfg.enabled)
         self._model = policy.model
         self._pad_id = policy.pad_id
         self.vocab_size = policy.vocab_size
@@ -76,22 +83,33 @@ class DTensorBackend:
 
     def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
                          micro_batch_size: int) -> list[list[float]] | None:
-        shard = rank_shard(samples, self.rank, self.world_size)
-        # Every rank runs the same number of forwards (each is a collective); a rank short of
-        # samples runs a throwaway one-token batch.
-        num_micro = _ceil_div(_ceil_div(len(samples), self.world_size), micro_batch_size)
-        filler = Sample((self._pad_id, self._pad_id), 1)
-        results: list[list[float]] = []
+        split = self._splitter(micro_batch_size, self._packing.logprob_mb_tokens)
+        shard, groups = rank_micro_batches(samples, self._dp_rank, self._dims.dp, split)
+        results: list[list[float] | None] = [None] * len(shard)
         with self._policy_weights(policy):
-            for i in range(num_micro):
-                chunk = shard[i * micro_batch_size:(i + 1) * micro_batch_size]
-                batch = collate(chunk or [filler], self._pad_id, self.device)
-                logprobs = self._score(batch)
-                if chunk:
-                    results.extend(completion_logprobs(logprobs, batch))
+            for group in groups:  # an empty group is a throwaway forward (every rank runs as many)
+                batch = self._collate([shard[i] for i in group])
+                rows = completion_logprobs(self._score(batch), batch)
+                for i, row in zip(group, rows):
+                    results[i] = row
         gathered: list | None = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object(results, gathered, dst=0, group=self._env.cpu_group)
-        return [row for part in gathered for row in part] if gathered is not None else None
+        if gathered is None:
+            return None
+        return [row for part in gathered[::self._dims.tp] for row in part]  # one tp rank per dp shard
+
+    def _splitter(self, micro_batch_size: int, packing_tokens: int) -> Callable[[Sequence[Sample]], list[list[int]]]:
+        """Micro-batches of a shard as index lists: by count, or by token budget when packing."""
+        if self._packing.enabled:
+            algorithm = self._packing.algorithm
+            return lambda shard: pack_bins([len(s.token_ids) for s in shard], packing_tokens, algorithm)
+        return lambda shard: [list(range(i, min(i + micro_batch_size, len(shard))))
+                              for i in range(0, len(shard), micro_batch_size)]
+
+    def _collate(self, chunk: Sequence[Sample]) -> MicroBatch:
+        """The micro-batch of `chunk`; an empty chunk is a one-token filler with nothing to train."""
+        chunk = chunk or [Sample((self._pad_id, self._pad_id), 1, loss_mask=(0.0,))]
+        return (pack if self._packing.enabled else collate)(chunk, self._pad_id, self.device)
 
     @contextmanager
     def _policy_weights(self, policy: Policy) -> Iterator[None]:
@@ -113,13 +131,33 @@ class DTensorBackend:
             live.copy_(ref)
             ref.copy_(tmp)
 
-    def _logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self._model(input_ids=input_ids, use_cache=False).logits
+    def _forward(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits as the model ran, [B, T-1] logprobs in the padded layout, the mask matching the logits)."""
+        packed = batch.packed
+        if packed is None:
+            logits = self._run_model(batch.input_ids, None)
+            return logits, token_logprobs(logits, batch.input_ids), batch.mask
+        logits = self._run_model(packed.input_ids, packed.position_ids)
+        return logits, unpack_logprobs(token_logprobs(logits, packed.input_ids), packed), packed.mask
+
+    def _run_model(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+        """Logits [B, T, V]. Sequence parallel shards T over tp ranks, so T is padded to a multiple
+        of tp (pad tokens at the end, seen by no real token) and the logits cut back.
+        use_cache=False also lets HF read packed samples from the position ids."""
+        width = input_ids.shape[1]
+        extra = -width % self._dims.tp if self._dims.sequence_parallel else 0
+        if extra:
+            input_ids = torch.nn.functional.pad(input_ids, (0, extra), value=self._pad_id)
+            if position_ids is not None:
+                tail = position_ids[:, -1:] + torch.arange(1, extra + 1, device=position_ids.device)
+                position_ids = torch.cat([position_ids, tail], dim=1)
+        logits = self._model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+        return logits[:, :width]
 
     @torch.no_grad()
     def _score(self, batch: MicroBatch) -> torch.Tensor:
         self._model.eval()
-        return token_logprobs(self._logits(batch.input_ids), batch.input_ids)
+        return self._forward(batch)[1]
 
     # ------------------------------------------------------------------ training
 
@@ -145,9 +183,11 @@ class DTensorBackend:
                     micro_batch_size: int) -> StepResult:
         loss_fn = build_loss_fn(loss)
         steps = optimizer_steps(samples, global_batch_size)
-        local = [[collate(mb, self._pad_id, self.device)
-                  for mb in micro_batches(rank_shard(step, self.rank, self.world_size), micro_batch_size)]
-                 for step in steps]
+        split = self._splitter(micro_batch_size, self._packing.train_mb_tokens)
+        local = []
+        for step in steps:
+            shard, groups = rank_micro_batches(step, self._dp_rank, self._dims.dp, split)
+            local.append([self._collate([shard[i] for i in group]) for group in groups])
         prev = [[self._score(b) for b in step] for step in local] if loss_fn.needs_previous_logprobs else None
         ref = None
         if loss_fn.needs_reference_logprobs:
@@ -168,25 +208,28 @@ class DTensorBackend:
         self._optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = {}
         for i, batch in enumerate(batches):
-            logits = self._logits(batch.input_ids)
-            curr = token_logprobs(logits, batch.input_ids)
+            if loss_fn.takes_sequence_scores:
+                # a reward model's logits are [B, 1]: its score at each row's last real token (never packed)
+                logits = self._run_model(batch.input_ids, None)
+                curr = logits[:, 0].float()
+            else:
+                logits, curr, logits_mask = self._forward(batch)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None,
                                 batch.generation_logprobs, ref[i] if ref else None)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             out.loss.backward()
-            step_metrics = {**out.metrics,
-                            "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}
+            step_metrics = dict(out.metrics)
+            if not loss_fn.takes_sequence_scores:
+                step_metrics["entropy"] = masked_entropy_sum(logits[:, :-1], logits_mask) / max(num_tokens, 1)
             for name, value in step_metrics.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()
             del logits, curr, out
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self._max_grad_norm)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_grad_norm(self._params, self._max_grad_norm)
         self._optimizer.step()
         self.global_step += 1
         names = sorted(sums)
         totals = torch.stack([sums[n] for n in names]).to(self.device)
-        dist.all_reduce(totals)  # metrics are globally normalised: summing over ranks gives the means
+        dist.all_reduce(totals, group=self._dp_group)  # globally normalised: the sum over dp ranks is the mean
         metrics = dict(zip(names, totals.tolist()))
         metrics.update(grad_norm=float(grad_norm), lr=float(self._optimizer.param_groups[0]["lr"]),
                        num_tokens=float(num_tokens))

@@ -2,15 +2,16 @@
 
 Order (each step is needed by the next):
 1. Every rank builds the architecture on the meta device (no memory, no init cost).
-2. Activation checkpointing wraps each decoder layer (before sharding, as FSDP2 requires).
-3. `fully_shard` each decoder layer, then the root, on a 1-D mesh over all ranks. The root
+2. Tensor (and sequence) parallelism over the mesh's "tp" axis when tp > 1 (parallel.py).
+3. Activation checkpointing wraps each decoder layer (before sharding, as FSDP2 requires).
+4. `fully_shard` each decoder layer, then the root, over the mesh's "dp" axis. The root
    reshards after forward too (FSDP2 keeps it unsharded by default), so swapping the
    sharded storage (reference policy) never leaves stale gathered weights behind.
-4. `to_empty` allocates this rank's shards; rank 0 loads the checkpoint and
+5. `to_empty` allocates this rank's shards; rank 0 loads the checkpoint and
    `set_model_state_dict(broadcast_from_rank0=True)` scatters it.
-5. Non-persistent buffers (rotary `inv_freq`) are not in any state dict and `to_empty`
+6. Non-persistent buffers (rotary `inv_freq`) are not in any state dict and `to_empty`
    leaves them as garbage: rank 0 copies them from its loaded model and broadcasts them.
-6. Gradients are reduced as a plain SUM (divide factor 1): losses are normalised globally.
+7. Gradients are reduced as a plain SUM (divide factor 1): losses are normalised globally.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, apply_tensor_parallel, check_tensor_parallel
 from trainer_svc.distributed import DistEnv
+from trainer_svc.hf import classifier_config
 
 
 @dataclass
@@ -46,37 +49,50 @@ class ShardedPolicy:
     checkpoint_dtype: torch.dtype
 
 
-def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, compute_dtype: torch.dtype,
-                        activation_checkpointing: bool) -> ShardedPolicy:
-    """Load `model_dir` (any AutoModelForCausalLM checkpoint) sharded over `mesh`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims: ParallelDims,
+                        compute_dtype: torch.dtype, activation_checkpointing: bool,
+                        offload_policy: OffloadPolicy | None = None,
+                        sequence_classifier: bool = False) -> ShardedPolicy:
+    """Load `model_dir` (any AutoModelForCausalLM checkpoint) sharded over the (dp, tp) `mesh`;
+    with `sequence_classifier`, as a one-output AutoModelForSequenceClassification (a reward
+    model; see `trainer_svc.hf.classifier_config`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     if not (Path(model_dir) / "config.json").is_file():
         raise ValueError(f"model_name {model_dir!r} is not an HF checkpoint directory (no config.json)")
-    config = AutoConfig.from_pretrained(model_dir)
+    config = classifier_config(model_dir) if sequence_classifier else AutoConfig.from_pretrained(model_dir)
+    auto_class = AutoModelForSequenceClassification if sequence_classifier else AutoModelForCausalLM
     checkpoint_dtype = _config_dtype(config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto_class.from_config(config, dtype=torch.float32)
     hf_shapes = _hf_tensor_shapes(model)
     num_parameters = sum(p.numel() for p in model.parameters())
     vocab_size = int(model.get_input_embeddings().weight.shape[0])
     buffers = [(f"{mod_name}.{b}" if mod_name else b, module, b) for mod_name, module in model.named_modules()
                for b in module._non_persistent_buffers_set if module._buffers.get(b) is not None]
     layers = _decoder_layers(model)
+    if dims.tp > 1:
+        if sequence_classifier:
+            raise ValueError("a reward model (policy.reward_model_cfg.enabled) trains without tensor parallel; "
+                             "set policy.dtensor_cfg.tensor_parallel_size=1")
+        check_tensor_parallel(config, dims.tp)
+        apply_tensor_parallel(model, layers, mesh[MeshAxis.TP], sequence_parallel=dims.sequence_parallel)
     if activation_checkpointing:
         layer_ids = {id(layer) for layer in layers}
         apply_activation_checkpointing(
             model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
             check_fn=lambda m: id(m) in layer_ids)
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    shard = partial(fully_shard, mesh=mesh[MeshAxis.DP], mp_policy=mp, reshard_after_forward=True,
+                    offload_policy=offload_policy or OffloadPolicy())
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+        shard(layer)
+    shard(model)
     model.to_empty(device=env.device)
 
     full_state, full_buffers = {}, {}
     if env.rank == 0:
-        loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        loaded = auto_class.from_pretrained(model_dir, config=config, dtype=torch.float32)
         full_state = loaded.state_dict()
         full_buffers = dict(loaded.named_buffers())
     set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

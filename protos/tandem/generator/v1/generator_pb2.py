@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from protos.tandem.common.v1 import common_pb2 as tandem_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#tandem/generator/v1/generator.proto\x12\x13tandem.generator.v1\x1a\x1dtandem/common/v1/common.proto\"~\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x1b\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x8a\x01\n\x0fGenerateRequest\x12,\n\x07prompts\x18\x01 \x03(\x0b\x32\x1b.tandem.generator.v1.Prompt\x12\x35\n\x08sampling\x18\x02 \x01(\x0b\x32#.tandem.generator.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xb5\x01\n\x10GenerateResponse\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x38\n\rfinish_reason\x18\x05 \x01(\x0e\x32!.tandem.generator.v1.FinishReason\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\"\x10\n\x0eGetInfoRequest\"\x87\x01\n\x0fGetInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x13\n\x0bnum_running\x18\x06 \x01(\x05\"\x9b\x01\n\x15ReceiveWeightsRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.tandem.common.v1.WeightSyncGroup\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x31\n\x0b\x62ucket_plan\x18\x04 \x01(\x0b\x32\x1c.tandem.common.v1.BucketPlan\"E\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xae\x02\n\x10GeneratorService\x12T\n\x07GetInfo\x12#.tandem.generator.v1.GetInfoRequest\x1a$.tandem.generator.v1.GetInfoResponse\x12Y\n\x08Generate\x12$.tandem.generator.v1.GenerateRequest\x1a%.tandem.generator.v1.GenerateResponse0\x01\x12i\n\x0eReceiveWeights\x12*.tandem.generator.v1.ReceiveWeightsRequest\x1a+.tandem.generator.v1.ReceiveWeightsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#tandem/generator/v1/generator.proto\x12\x13tandem.generator.v1\x1a\x1dtandem/common/v1/common.proto\"~\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x1b\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x8a\x01\n\x0fGenerateRequest\x12,\n\x07prompts\x18\x01 \x03(\x0b\x32\x1b.tandem.generator.v1.Prompt\x12\x35\n\x08sampling\x18\x02 \x01(\x0b\x32#.tandem.generator.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xb5\x01\n\x10GenerateResponse\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x38\n\rfinish_reason\x18\x05 \x01(\x0e\x32!.tandem.generator.v1.FinishReason\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\"\x10\n\x0eGetInfoRequest\"\x87\x01\n\x0fGetInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x13\n\x0bnum_running\x18\x06 \x01(\x05\"\xb6\x01\n\x15ReceiveWeightsRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.tandem.common.v1.WeightSyncGroup\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x31\n\x0b\x62ucket_plan\x18\x04 \x01(\x0b\x32\x1c.tandem.common.v1.BucketPlan\x12\x19\n\x11shared_memory_dir\x18\x05 \x01(\t\"E\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xae\x02\n\x10GeneratorService\x12T\n\x07GetInfo\x12#.tandem.generator.v1.GetInfoRequest\x1a$.tandem.generator.v1.GetInfoResponse\x12Y\n\x08Generate\x12$.tandem.generator.v1.GenerateRequest\x1a%.tandem.generator.v1.GenerateResponse0\x01\x12i\n\x0eReceiveWeights\x12*.tandem.generator.v1.ReceiveWeightsRequest\x1a+.tandem.generator.v1.ReceiveWeightsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.generator.v1.generator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=958
-  _globals['_FINISHREASON']._serialized_end=1078
+  _globals['_FINISHREASON']._serialized_start=985
+  _globals['_FINISHREASON']._serialized_end=1105
   _globals['_SAMPLINGPARAMS']._serialized_start=91
   _globals['_SAMPLINGPARAMS']._serialized_end=217
   _globals['_PROMPT']._serialized_start=219
@@ -47,9 +47,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETINFORESPONSE']._serialized_start=592
   _globals['_GETINFORESPONSE']._serialized_end=727
   _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=730
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=885
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=887
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=956
-  _globals['_GENERATORSERVICE']._serialized_start=1081
-  _globals['_GENERATORSERVICE']._serialized_end=1383
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=912
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=914
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=983
+  _globals['_GENERATORSERVICE']._serialized_start=1108
+  _globals['_GENERATORSERVICE']._serialized_end=1410
 # @@protoc_insertion_point(module_scope)

@@ -88,16 +88,18 @@ class GetInfoResponse(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., dtype: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., num_running: _Optional[int] = ...) -> None: ...
 
 class ReceiveWeightsRequest(_message.Message):
-    __slots__ = ("group", "rank", "version", "bucket_plan")
+    __slots__ = ("group", "rank", "version", "bucket_plan", "shared_memory_dir")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUCKET_PLAN_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_DIR_FIELD_NUMBER: _ClassVar[int]
     group: _common_pb2.WeightSyncGroup
     rank: int
     version: int
     bucket_plan: _common_pb2.BucketPlan
-    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., rank: _Optional[int] = ..., version: _Optional[int] = ..., bucket_plan: _Optional[_Union[_common_pb2.BucketPlan, _Mapping]] = ...) -> None: ...
+    shared_memory_dir: str
+    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., rank: _Optional[int] = ..., version: _Optional[int] = ..., bucket_plan: _Optional[_Union[_common_pb2.BucketPlan, _Mapping]] = ..., shared_memory_dir: _Optional[str] = ...) -> None: ...
 
 class ReceiveWeightsResponse(_message.Message):
     __slots__ = ("weight_version", "duration_ms")

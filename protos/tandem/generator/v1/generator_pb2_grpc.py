@@ -73,7 +73,7 @@ class GeneratorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReceiveWeights(self, request, context):
-        """Join a weight-sync group, receive a new version, and swap it in atomically.
+        """Join a weight-sync group (or read shared memory), receive a new version, and swap it in atomically.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -102,21 +102,43 @@ class NllLoss(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class DpoLoss(_message.Message):
+    __slots__ = ("reference_policy_kl_penalty", "preference_loss_weight", "sft_loss_weight", "preference_average_log_probs", "sft_average_log_probs")
+    REFERENCE_POLICY_KL_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PREFERENCE_LOSS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SFT_LOSS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PREFERENCE_AVERAGE_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    SFT_AVERAGE_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    reference_policy_kl_penalty: float
+    preference_loss_weight: float
+    sft_loss_weight: float
+    preference_average_log_probs: bool
+    sft_average_log_probs: bool
+    def __init__(self, reference_policy_kl_penalty: _Optional[float] = ..., preference_loss_weight: _Optional[float] = ..., sft_loss_weight: _Optional[float] = ..., preference_average_log_probs: _Optional[bool] = ..., sft_average_log_probs: _Optional[bool] = ...) -> None: ...
+
+class BradleyTerryLoss(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TrainStepRequest(_message.Message):
-    __slots__ = ("samples", "grpo", "nll", "global_batch_size", "micro_batch_size", "learning_rate")
+    __slots__ = ("samples", "grpo", "nll", "dpo", "bradley_terry", "global_batch_size", "micro_batch_size", "learning_rate")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     GRPO_FIELD_NUMBER: _ClassVar[int]
     NLL_FIELD_NUMBER: _ClassVar[int]
+    DPO_FIELD_NUMBER: _ClassVar[int]
+    BRADLEY_TERRY_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     grpo: GrpoLoss
     nll: NllLoss
+    dpo: DpoLoss
+    bradley_terry: BradleyTerryLoss
     global_batch_size: int
     micro_batch_size: int
     learning_rate: float
-    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., dpo: _Optional[_Union[DpoLoss, _Mapping]] = ..., bradley_terry: _Optional[_Union[BradleyTerryLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "global_step")

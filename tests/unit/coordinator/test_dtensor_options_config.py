@@ -1,0 +1,50 @@
+"""policy.dtensor_cfg.* and policy.sequence_packing.* reach the trainer's settings (NeMo-RL key names)."""
+
+import pytest
+
+from coordinator.config import ConfigError, load_config
+from coordinator.launch import trainer_settings
+
+
+def test_sequence_packing_keys_reach_the_trainer():
+    cfg = load_config(overrides=["policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=512",
+                                 "policy.sequence_packing.algorithm=concatenative"])
+    packing = trainer_settings(cfg, "model").sequence_packing
+    assert (packing.enabled, packing.train_mb_tokens, packing.logprob_mb_tokens, packing.algorithm) == (
+        True, 512, 2048, "concatenative")
+    with pytest.raises(ConfigError, match="policy.sequence_packing.algorithm"):
+        load_config(overrides=["policy.sequence_packing.algorithm=best_fit"])
+
+
+def test_dtensor_cfg_keys_reach_the_trainer():
+    cfg = load_config(overrides=["policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true",
+                                 "policy.dtensor_cfg.cpu_offload=true", "policy.dtensor_cfg.activation_checkpointing=true"])
+    dtensor = trainer_settings(cfg, "model").dtensor_cfg
+    assert (dtensor.tensor_parallel_size, dtensor.sequence_parallel, dtensor.cpu_offload,
+            dtensor.activation_checkpointing, dtensor.context_parallel_size) == (2, True, True, True, 1)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["policy.dtensor_cfg.tensor_parallel_size=4"], r"tensor_parallel_size \(4\) must divide cluster.trainer_ranks"),
+    (["policy.dtensor_cfg.sequence_parallel=true"], "sequence_parallel needs tensor_parallel_size > 1"),
+    (["policy.dtensor_cfg.context_parallel_size=2"], "policy.dtensor_cfg.context_parallel_size"),
+])
+def test_unsupported_layouts_are_refused_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
+
+
+def test_trainer_refuses_context_parallel_with_a_reason():
+    from trainer_svc.config import DTensorSettings
+
+    with pytest.raises(ValueError, match="context_parallel_size > 1 is not supported"):
+        DTensorSettings(context_parallel_size=2)
+
+
+def test_colocated_keys():
+    assert load_config(overrides=["policy.generation.colocated.enabled=true"]).policy.generation.colocated.enabled
+    with pytest.raises(ConfigError, match="leave them null"):
+        load_config(overrides=["policy.generation.colocated.enabled=true",
+                               "policy.generation.colocated.resources.gpus_per_node=2"])
+    with pytest.warns(UserWarning, match="ignored by local runs"):
+        load_config(overrides=["policy.generation.colocated.resources.num_nodes=1"])
