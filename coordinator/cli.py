@@ -2,6 +2,8 @@
 
     tandem run [CONFIG.yaml] [section.key=value ...]   run an experiment (default: the embedded demo)
     tandem run [CONFIG.yaml] --resume [...]   continue logger.run_name from its latest checkpoint
+        (without --resume, a run named by logger.run_name that has a checkpoint and did not
+        finish is resumed too: re-running the same command after a crash continues it)
     tandem status [--coordinator HOST:PORT | --run-dir DIR]   live services and progress of a run
 """
 
@@ -29,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
     from coordinator.preference_run import create_run
 
     try:
-        run = create_run(cfg, console, resume=args.resume)
+        run = create_run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
     except (NothingToResume, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2

@@ -3,6 +3,12 @@ as a child process, as one context manager. `Run` uses it; so do the integration
 
     with LocalCluster(cfg, model_dir, run_dir, token, log) as services:
         services.trainer.info() ...
+
+A coordinator restarted on a run (`adopt=True`, what resuming does) serves on the address
+the previous one wrote to <run>/coordinator.addr, so the services that outlived it (they
+run in their own sessions) re-register by themselves; it adopts those it finds alive in
+<run>/services.json and launches only what is missing. A fresh start stops any such
+leftovers instead.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ CHILD_ENV = {
 }
 
 
+def _previous_port(run_dir: Path) -> int:
+    """The port of the coordinator that served this run before (0 if none)."""
+    path = run_dir / "coordinator.addr"
+    return int(path.read_text().strip().rpartition(":")[2]) if path.is_file() else 0
+
+
 class HostedService(Protocol):
     """A service the caller runs in this process (the Python API's reward_fn): started once the
     coordinator serves, so it can register like any launched service, and stopped at the end."""
@@ -38,15 +50,18 @@ class HostedService(Protocol):
 
 class LocalCluster:
     def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
-                 status: RunStatus | None = None, hosted: Sequence[HostedService] = ()):
+                 status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False):
         self.cfg = cfg
         self.model_dir = model_dir
         self.run_dir = run_dir
         self.log = log
         self.status = status or RunStatus(run_dir.name)
         self.registry = Registry(log)
-        self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host, port=0, token=token, log=log)
-        self.launcher = LocalLauncher(run_dir / "logs", {"TANDEM_TOKEN": token, **CHILD_ENV}, log)
+        self.adopt = adopt
+        self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host,
+                                        port=_previous_port(run_dir) if adopt else 0, token=token, log=log)
+        self.launcher = LocalLauncher(run_dir / "logs", {"TANDEM_TOKEN": token, **CHILD_ENV}, log,
+                                      state_file=run_dir / "services.json")
         self.services = Services(self.registry, token, log)
         self.token = token
         self.hosted = list(hosted)
@@ -56,8 +71,12 @@ class LocalCluster:
     def __enter__(self) -> Services:
         started = time.perf_counter()
         try:
-            self.address = self.server.start()
+            self.address = self._serve()
             (self.run_dir / "coordinator.addr").write_text(self.address)
+            leftovers = self.launcher.adopt()
+            if leftovers and not self.adopt:  # a fresh start: an earlier coordinator's services go
+                self.log.warning("leftover_services_stopped", names=leftovers)
+                self.launcher.stop_all()
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
             launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
@@ -69,6 +88,25 @@ class LocalCluster:
             raise
         self.startup_s = time.perf_counter() - started
         return self.services
+
+    def _serve(self) -> str:
+        try:
+            return self.server.start()
+        except OSError as exc:  # the previous address is taken: services started before must be replaced
+            self.log.warning("coordinator_address_taken", error=str(exc))
+            self.server = CoordinatorServer(self.registry, self.status, host=self.cfg.cluster.host, port=0,
+                                            token=self.token, log=self.log)
+            return self.server.start()
+
+    def restart_trainer(self) -> None:
+        """Relaunch the trainer (its process group is killed first) and wait until it registers."""
+        old = self.registry.live("trainer")
+        self.launcher.restart("trainer")
+        for member in old:
+            self.registry.remove(member.member_id, reason="trainer relaunched")
+            self.services.forget(member.member_id)
+        self.registry.wait_for(lambda members: any(m.kind == "trainer" for m in members),
+                               self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
 
     def __exit__(self, *exc) -> None:
         self.close()

@@ -360,6 +360,9 @@ class ClusterConfig(_Section):
     host: str = "127.0.0.1"
     """Address services bind and advertise."""
     startup_timeout_s: float = Field(300, gt=0)
+    max_trainer_restarts: int = Field(2, ge=0)
+    """Times a trainer that dies during GRPO is relaunched (local mode), the run resuming from its
+    last checkpoint; one more death stops the run."""
 
 
 class CheckpointingConfig(_Section):

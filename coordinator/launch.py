@@ -85,7 +85,8 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
     for index in range(cfg.cluster.num_generators):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
-        launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common)))
+        launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
+                                   essential=False))  # a dead one's requests go to the others (rollout.py)
     for task in (t for t, env in cfg.env.items() if not env.external):  # external: someone else serves it
         name = f"reward-{task}"
         launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",

@@ -1,12 +1,20 @@
 """Local mode: start every service as a child process, watch them, stop them all.
 
 Each child runs in its own session (process group) with its log in <run>/logs/<name>.log,
-so stopping is `killpg(SIGTERM)` on the groups we created, then SIGKILL after a grace
-period. Ctrl-C and the end of a run both go through `stop_all`; nothing is left running.
+so stopping is SIGTERM to each leader (which stops its own children: a generator drains
+first; a SIGTERM to its whole group would also stop vLLM's engine processes at once), then
+SIGKILL to the groups we created after a grace period. Ctrl-C and the end of a run both go through `stop_all`; nothing is left running.
+
+Because children have their own sessions, they outlive a coordinator that is killed. Every
+start is recorded in a state file (name, pid, the process's start time); a coordinator
+restarted on the same run `adopt`s the services still alive there (the pid and start time
+must match, so a reused pid is not mistaken for ours): `start` then skips them, `check`
+watches them by pid, and `stop_all` stops them like its own children.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +22,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from coordinator.adopted import AdoptedProcess, descendants, start_ticks
 
 
 class ServiceDied(RuntimeError):
@@ -33,21 +43,27 @@ class ServiceSpec:
 @dataclass
 class _Child:
     spec: ServiceSpec
-    process: subprocess.Popen
+    process: subprocess.Popen | AdoptedProcess
     log_path: Path
     exit_logged: bool = False
 
 
 class LocalLauncher:
-    def __init__(self, log_dir: Path, base_env: dict[str, str], log):
+    def __init__(self, log_dir: Path, base_env: dict[str, str], log, state_file: Path | None = None):
         self._log_dir = log_dir
         self._base_env = base_env
         self._log = log
+        self._state_file = state_file
         self._children: list[_Child] = []
         self.tolerate_nonessential_exits = False
         """Set once every service has started: until then any exit is fatal (a bad setting)."""
 
     def start(self, spec: ServiceSpec) -> None:
+        """Start the service, unless one of that name was adopted and is still alive."""
+        if any(c.spec.name == spec.name and c.process.poll() is None for c in self._children):
+            self._log.info("service_kept", name=spec.name, pid=self.pids()[spec.name])
+            return
+        self._children = [c for c in self._children if c.spec.name != spec.name]
         self._log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / f"{spec.name}.log"
         env = {**os.environ, **self._base_env, **spec.env}
@@ -56,6 +72,49 @@ class LocalLauncher:
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         self._children.append(_Child(spec, process, log_path))
         self._log.info("service_started", name=spec.name, pid=process.pid, log=str(log_path))
+        self._save_state()
+
+    def restart(self, name: str) -> None:
+        """Kill what is left of the named service's process group and start it again."""
+        child = next(c for c in self._children if c.spec.name == name)
+        _kill_tree(child.process.pid)
+        _wait(child.process, 10)
+        self._children.remove(child)
+        self._log.warning("service_restarting", name=name, old_pid=child.process.pid, code=child.process.poll())
+        self.start(child.spec)
+
+    def wait_exit(self, name: str, timeout_s: float) -> int | None:
+        """The named service's exit code once it has exited (None if it still runs after timeout_s)."""
+        child = next(c for c in self._children if c.spec.name == name)
+        _wait(child.process, timeout_s)
+        return child.process.poll()
+
+    def exited(self, name: str) -> bool:
+        return any(c.spec.name == name and c.process.poll() is not None for c in self._children)
+
+    def adopt(self) -> list[str]:
+        """Take over the services an earlier coordinator of this run started and that still run."""
+        if self._state_file is None or not self._state_file.is_file():
+            return []
+        adopted = []
+        for name, entry in json.loads(self._state_file.read_text()).items():
+            process = AdoptedProcess.find(entry["pid"], entry["start_ticks"])
+            if process is None:
+                continue
+            spec = ServiceSpec(name, entry["argv"], essential=entry["essential"])
+            self._children.append(_Child(spec, process, self._log_dir / f"{name}.log"))
+            adopted.append(name)
+        self._log.info("services_adopted", names=adopted, pids={n: p for n, p in self.pids().items() if n in adopted})
+        return adopted
+
+    def _save_state(self) -> None:
+        if self._state_file is None:
+            return
+        state = {c.spec.name: {"pid": c.process.pid, "start_ticks": start_ticks(c.process.pid),
+                               "argv": c.spec.argv, "essential": c.spec.essential} for c in self._children}
+        tmp = self._state_file.with_name(self._state_file.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self._state_file)
 
     def check(self) -> None:
         """Raise ServiceDied (with the tail of its log) if any essential child has exited."""
@@ -75,21 +134,43 @@ class LocalLauncher:
 
     def stop_all(self, grace_s: float = 15.0) -> None:
         alive = [c for c in self._children if c.process.poll() is None]
-        for child in alive:
-            _signal_group(child.process.pid, signal.SIGTERM)
+        for child in alive:  # the leader only, as a container stop does: it stops its own children
+            # (torchrun its ranks; a generator drains, then shuts vLLM's engine processes down)
+            _signal(child.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in alive:
             try:
                 child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self._log.warning("service_kill", name=child.spec.name, pid=child.process.pid)
-        for child in self._children:  # the whole group: torchrun ranks, vLLM engine workers
-            _signal_group(child.process.pid, signal.SIGKILL)
-            if child.process.poll() is None:
-                child.process.wait(timeout=5)
+        for child in self._children:  # the whole tree: torchrun's ranks, vLLM's engine processes
+            _kill_tree(child.process.pid)
+            _wait(child.process, 5)
         if alive:
             self._log.info("services_stopped", names=[c.spec.name for c in alive])
         self._children.clear()
+
+
+def _wait(process: subprocess.Popen | AdoptedProcess, timeout_s: float) -> None:
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process, its group, and every descendant with its group (torchrun starts its
+    ranks in sessions of their own)."""
+    for member in [*descendants(pid), pid]:
+        _signal_group(member, signal.SIGKILL)
+        _signal(member, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -152,7 +152,8 @@ def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampli
     cfg = ctx.cfg
 
     def generate(prompt_ids: list[list[int]], params: SamplingConfig) -> list[list[Completion]]:
-        return rollout.generate(prompt_ids, params, ctx.services.generators, ctx.services.generator_failed, ctx.log)
+        return rollout.generate(prompt_ids, params, ctx.services.generators, ctx.services.generator_failed, ctx.log,
+                                present=ctx.services.generator_present)
 
     rewards = ctx.services.rewards()
     multi = multi_turn_tasks(cfg.env)

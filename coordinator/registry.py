@@ -1,8 +1,11 @@
 """Membership: which services are alive, what they serve, and how loaded they are.
 
 Services register (kind, address, fingerprint, capacity, tasks) and heartbeat; a member
-silent for longer than `timeout_s` is dropped. Thread-safe: the gRPC server thread writes,
-the run loop reads. Joins, leaves and losses are logged as structured events.
+silent for longer than `timeout_s` is dropped. A member that announces it is leaving (a
+generator told to stop drains first) is no longer `live` (it gets no new work) but is still
+`present` (its calls in flight are left to finish) until it says it is gone or goes silent.
+Thread-safe: the gRPC server thread writes, the run loop reads. Joins, leaves and losses
+are logged as structured events.
 """
 
 from __future__ import annotations
@@ -24,7 +27,22 @@ class Member:
     pid: int = 0
     weight_version: int = 0
     num_inflight: int = 0
+    leaving: bool = False
+    """Announced it is leaving: no new work; what it holds may still finish."""
     last_seen: float = field(default_factory=time.monotonic)
+
+
+def health(member: Member, now: float, heartbeat_interval_s: float, published_version: int | None) -> str:
+    """"leaving", "late" (heartbeat overdue by more than two intervals), "stale_weights" (a
+    generator not serving the published version: it gets no work until brought up to date)
+    or "healthy"."""
+    if member.leaving:
+        return "leaving"
+    if now - member.last_seen > 2 * heartbeat_interval_s:
+        return "late"
+    if member.kind == "generator" and published_version is not None and member.weight_version != published_version:
+        return "stale_weights"
+    return "healthy"
 
 
 class Registry:
@@ -58,12 +76,19 @@ class Registry:
                                                last_seen=time.monotonic())
             return True
 
-    def deregister(self, member_id: str) -> None:
+    def deregister(self, member_id: str, *, draining: bool = False) -> None:
+        """The member leaves: at once, or (draining) once its work in flight is done: until
+        then it keeps heartbeating, gets no new work, and counts as `present`."""
         with self._lock:
-            member = self._members.pop(member_id, None)
+            member = self._members.get(member_id)
+            if member is not None and draining:
+                self._members[member_id] = replace(member, leaving=True, last_seen=time.monotonic())
+            else:
+                self._members.pop(member_id, None)
             self._changed.notify_all()
         if member is not None:
-            self._log.info("member_left", member_id=member_id, kind=member.kind, address=member.address)
+            self._log.info("member_leaving" if draining else "member_left", member_id=member_id, kind=member.kind,
+                           address=member.address, num_inflight=member.num_inflight)
 
     def remove(self, member_id: str, reason: str) -> None:
         """Drop a member the run loop found dead (e.g. its RPCs fail)."""
@@ -75,6 +100,11 @@ class Registry:
                               reason=reason)
 
     def live(self, kind: str | None = None) -> list[Member]:
+        """Members that may get new work (not leaving), sorted by member id."""
+        return [m for m in self.members(kind) if not m.leaving]
+
+    def members(self, kind: str | None = None) -> list[Member]:
+        """Every member still heard from, leaving ones included (what status shows)."""
         now = time.monotonic()
         expired = []
         with self._lock:
@@ -84,8 +114,12 @@ class Registry:
             alive = [m for m in self._members.values() if kind is None or m.kind == kind]
         for member in expired:
             self._log.warning("member_lost", member_id=member.member_id, kind=member.kind, address=member.address,
-                              reason=f"no heartbeat for {self.timeout_s:.0f}s")
+                              reason=f"no heartbeat for {self.timeout_s:.0f}s", leaving=member.leaving)
         return sorted(alive, key=lambda m: m.member_id)
+
+    def present(self, member_id: str) -> bool:
+        """Whether the member is still there, live or draining (its calls in flight may finish)."""
+        return any(m.member_id == member_id for m in self.members())
 
     def wait_for(self, ready, timeout_s: float, check=lambda: None) -> list[Member]:
         """Block until ready(live members) is true; check() may raise (e.g. a child died)."""

@@ -88,3 +88,17 @@ def find_for(cfg) -> tuple[Path, LoopState]:
         raise NothingToResume("--resume needs logger.run_name: the run to resume is <logger.log_dir>/<run_name>")
     run_dir = Path(cfg.logger.log_dir).resolve() / cfg.logger.run_name
     return find(checkpoint_root(cfg.checkpointing.checkpoint_dir, run_dir))
+
+
+def find_unfinished(cfg) -> tuple[Path, LoopState] | None:
+    """Automatic resume: the latest checkpoint of logger.run_name if that run has one and did
+    not finish (no summary.json), else None (a fresh run)."""
+    if not cfg.logger.run_name:
+        return None
+    run_dir = Path(cfg.logger.log_dir).resolve() / cfg.logger.run_name
+    if (run_dir / "summary.json").is_file():
+        return None
+    try:
+        return find(checkpoint_root(cfg.checkpointing.checkpoint_dir, run_dir))
+    except NothingToResume:
+        return None

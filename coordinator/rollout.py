@@ -9,9 +9,11 @@ sampled exactly as it would have been on the generator that died.
 A generator fails in one of two ways: its call errors (a killed process resets the
 connection: the stream raises at once), or its call hangs (a stopped or wedged process
 keeps the connection open). The second is noticed through membership: while calls are in
-flight the live generators are asked for every `poll_s`, and a generator that left them
+flight, every `poll_s` each busy generator is checked with `present`, and one that is gone
 (no heartbeat) is reported through `on_failure`, which closes its channel and so cancels
-its streams; either way its prompts go to the generators still alive.
+its streams; either way its prompts go to the generators still alive. A generator that is
+leaving (draining after SIGTERM) is still present: its calls are left to finish, but it is
+no longer among `generators()`, so it gets nothing new, re-sends included.
 """
 
 from __future__ import annotations
@@ -72,27 +74,33 @@ class GeneratorLost(ConnectionError):
 
 def generate(prompts: list[list[int]], sampling: SamplingConfig, generators: Callable[[], list[GeneratorHandle]],
              on_failure: Callable[[GeneratorHandle, Exception], None], log, *, max_rounds: int = 5,
-             timeout_s: float = 600.0, poll_s: float = 0.5) -> list[list[Completion]]:
+             timeout_s: float = 600.0, poll_s: float = 0.5,
+             present: Callable[[str], bool] | None = None) -> list[list[Completion]]:
     """Completions per prompt (n each, ordered by sample index).
 
-    `generators()` returns the live generators (asked again after a failure and, while
-    calls are in flight, every poll_s); `on_failure` tells membership about a generator
-    whose call failed or that left, and must close its client (that cancels its calls).
+    `generators()` returns the generators that may get work (asked again after a failure);
+    `present(member_id)` says whether a generator holding calls is still there (default:
+    whether it is among `generators()`), asked every poll_s; `on_failure` tells membership
+    about a generator whose call failed or that is gone, and must close its client (that
+    cancels its calls).
     """
+    if present is None:
+        def present(member_id: str) -> bool:
+            return member_id in {g.member_id for g in generators()}
     results: dict[int, list[Completion]] = {}
     pending = list(range(len(prompts)))
     for _ in range(max_rounds):
         live = generators()
         if not live:
             raise RolloutError("no live generator")
-        pending = _round(prompts, pending, live, sampling, generators, on_failure, log, results, timeout_s, poll_s)
+        pending = _round(prompts, pending, live, sampling, present, on_failure, log, results, timeout_s, poll_s)
         if not pending:
             return [results[i] for i in range(len(prompts))]
         log.info("rollout_resend", prompts=len(pending))
     raise RolloutError(f"{len(pending)} prompts still unfinished after {max_rounds} rounds")
 
 
-def _round(prompts, pending: list[int], live: list[GeneratorHandle], sampling: SamplingConfig, generators,
+def _round(prompts, pending: list[int], live: list[GeneratorHandle], sampling: SamplingConfig, present,
            on_failure, log, results: dict[int, list[Completion]], timeout_s: float, poll_s: float) -> list[int]:
     """Send `pending` over `live` once; returns the prompts whose generator failed."""
     calls: list[tuple[GeneratorHandle, list[int]]] = []
@@ -128,10 +136,11 @@ def _round(prompts, pending: list[int], live: list[GeneratorHandle], sampling: S
                 fail(handle, exc or GeneratorLost(handle.member_id), len(run))
                 failed.extend(run)
             if outstanding:
-                live_ids = {g.member_id for g in generators()}
-                for future in [f for f in outstanding if futures[f][0].member_id not in live_ids]:
+                busy = {futures[f][0].member_id for f in outstanding}
+                gone = {member_id for member_id in busy if not present(member_id)}
+                for future in [f for f in outstanding if futures[f][0].member_id in gone]:
                     handle, run = futures[future]
-                    fail(handle, GeneratorLost(f"generator {handle.member_id} left the live members"), len(run))
+                    fail(handle, GeneratorLost(f"generator {handle.member_id} is gone (no heartbeat)"), len(run))
                     outstanding.discard(future)  # its thread ends once on_failure closed the channel
                     failed.extend(run)
     finally:

@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 
-from coordinator.registry import Registry
+from coordinator.registry import Registry, health
 from coordinator.status import RunStatus
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
@@ -16,6 +16,8 @@ from tandem.rpc import RunningServer, start_server
 SERVICE_NAME = "tandem.coordinator.v1.CoordinatorService"
 _KINDS = {pb.SERVICE_KIND_TRAINER: "trainer", pb.SERVICE_KIND_GENERATOR: "generator", pb.SERVICE_KIND_REWARD: "reward"}
 _KIND_PB = {v: k for k, v in _KINDS.items()}
+_HEALTH_PB = {"healthy": pb.MEMBER_HEALTH_HEALTHY, "late": pb.MEMBER_HEALTH_LATE,
+              "leaving": pb.MEMBER_HEALTH_LEAVING, "stale_weights": pb.MEMBER_HEALTH_STALE_WEIGHTS}
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
@@ -37,16 +39,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
         return pb.HeartbeatResponse(known=known)
 
     async def Deregister(self, request: pb.DeregisterRequest, context) -> pb.DeregisterResponse:
-        self._registry.deregister(request.member_id)
+        self._registry.deregister(request.member_id, draining=request.draining)
         return pb.DeregisterResponse()
 
     async def GetRunStatus(self, request: pb.GetRunStatusRequest, context) -> pb.GetRunStatusResponse:
         s = self._status.snapshot()
-        now = time.monotonic()
+        now, interval = time.monotonic(), self._registry.heartbeat_interval_s
+        published = s["weight_version"] if s["phase"] not in ("starting", "resuming") else None
         members = [pb.Member(member_id=m.member_id, kind=_KIND_PB[m.kind], address=m.address,
                              weight_version=m.weight_version, num_inflight=m.num_inflight,
-                             last_seen_ms_ago=int((now - m.last_seen) * 1000), tasks=list(m.tasks))
-                   for m in self._registry.live()]
+                             last_seen_ms_ago=int((now - m.last_seen) * 1000), tasks=list(m.tasks),
+                             capacity=m.capacity, pid=m.pid,
+                             health=_HEALTH_PB[health(m, now, interval, published)])
+                   for m in self._registry.members()]
         return pb.GetRunStatusResponse(run_id=s["run_id"], phase=s["phase"], step=s["step"],
                                        total_steps=s["total_steps"], weight_version=s["weight_version"],
                                        members=members, last_metrics=s["last_metrics"])

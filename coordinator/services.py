@@ -47,6 +47,16 @@ class Services:
         handles = self.all_generators()
         return handles if self.weights is None else self.weights.admit(handles)
 
+    def forget(self, member_id: str) -> None:
+        """Close the cached client of a member that is gone."""
+        client = self._clients.pop(member_id, None)
+        if client is not None:
+            client.close()
+
+    def generator_present(self, member_id: str) -> bool:
+        """Still there, live or draining: its calls in flight may finish (coordinator/rollout.py)."""
+        return self._registry.present(member_id)
+
     def generator_failed(self, handle: GeneratorHandle, exc: Exception) -> None:
         self._registry.remove(handle.member_id, reason=f"rpc failed: {exc}")
         client = self._clients.pop(handle.member_id, None)

@@ -1,4 +1,5 @@
-"""`tandem status`: ask a running coordinator for its members and progress; print a table."""
+"""`tandem status`: ask a running coordinator for its members and progress; print a table
+(kind, address, pid, weight version, load as in-flight/capacity, health, last heartbeat)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,12 @@ def show_status(address: str | None, run_dir: Path | None, console: Console) -> 
             console.print(f"[red]error:[/] coordinator at {address}: {exc.code().name} {exc.details()}")
             return 1
     console.print(f"run {s.run_id}: {s.phase} step {s.step}/{s.total_steps}, weights v{s.weight_version}")
-    table = Table("member", "kind", "address", "weights", "in flight", "last seen")
+    table = Table("member", "kind", "address", "pid", "weights", "load", "health", "last seen")
     for m in s.members:
+        load = f"{m.num_inflight}/{m.capacity}" if m.capacity else str(m.num_inflight)
         table.add_row(m.member_id, pb.ServiceKind.Name(m.kind).removeprefix("SERVICE_KIND_").lower(), m.address,
-                      f"v{m.weight_version}", str(m.num_inflight), f"{m.last_seen_ms_ago} ms ago")
+                      str(m.pid), f"v{m.weight_version}", load,
+                      pb.MemberHealth.Name(m.health).removeprefix("MEMBER_HEALTH_").lower(),
+                      f"{m.last_seen_ms_ago} ms ago")
     console.print(table)
     return 0

@@ -12,7 +12,8 @@ from reward_svc.types import ScoreItem
 def validate(services, tokens: Tokens, examples: list[Example], max_new_tokens: int, log) -> dict[str, float]:
     prompts = [tokens.prompt(e.prompt) for e in examples]
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=max_new_tokens, seed=0)
-    groups = rollout.generate(prompts, greedy, services.generators, services.generator_failed, log)
+    groups = rollout.generate(prompts, greedy, services.generators, services.generator_failed, log,
+                              present=services.generator_present)
     texts = [tokens.decode(group[0].token_ids) for group in groups]
     items = [ScoreItem(e.task, e.prompt, text, e.answer) for e, text in zip(examples, texts)]
     results = services.rewards().score(items)

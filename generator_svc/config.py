@@ -47,6 +47,9 @@ class GeneratorSettings(BaseModel):
     """Skip torch.compile: 30-50 s more start-up on CPU for no gain on small models."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
+    drain_timeout_s: float = Field(60.0, ge=0)
+    """On SIGTERM: how long the calls in flight may take to finish before the rest are aborted
+    (the coordinator re-sends aborted prompts elsewhere)."""
     scratch_dir: Path = Path(".tandem/scratch")
     """Where vLLM's cache, ZMQ sockets and temp files go (instead of ~/.cache/vllm and /tmp)."""
 

@@ -61,6 +61,11 @@ class GenerationEngine(Protocol):
         """True once the engine itself died; only restarting the process recovers."""
         ...
 
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new generate calls (ConnectionError) and wait up to timeout_s for those in
+        flight, and any weight swap, to finish; returns whether all did."""
+        ...
+
     async def close(self) -> None:
-        """Stop the engine and its processes."""
+        """Stop the engine and its processes (aborting calls still running)."""
         ...

@@ -83,8 +83,9 @@ def _load(engine: GenerationEngine) -> Load:
 
 
 async def serve(settings: GeneratorSettings, args: argparse.Namespace, token: str, log: Any) -> int:
-    """Listen (NOT_SERVING) while the engine loads, then serve until SIGTERM/SIGINT (exit code 0)
-    or engine death (1); the lifecycle is tandem.service.serve's."""
+    """Listen (NOT_SERVING) while the engine loads, then serve until SIGTERM/SIGINT (exit code 0,
+    after draining: leave the coordinator's rotation, finish the calls in flight) or engine
+    death (1); the lifecycle is tandem.service.serve's."""
     from generator_svc.engines.vllm_engine import VllmEngine  # imports vLLM: after the env is set
 
     servicer = GeneratorServicer()
@@ -101,8 +102,12 @@ async def serve(settings: GeneratorSettings, args: argparse.Namespace, token: st
         if servicer.engine is not None:
             await servicer.engine.close()
 
+    async def drain_engine() -> None:  # SIGTERM: finish (or hand back) the requests in flight
+        if servicer.engine is not None:
+            await servicer.engine.drain(settings.drain_timeout_s)
+
     announcement = Announcement(kind="generator", address=f"{args.advertise_host or args.host}:{running.port}",
                                 capacity=settings.max_num_seqs)
     return await service.serve(running, args, announcement, lambda: _load(servicer.engine), log,
-                               on_stop=close_engine, ready=load_engine,
+                               on_stop=close_engine, ready=load_engine, drain=drain_engine,
                                dead=lambda: servicer.engine is not None and servicer.engine.dead)

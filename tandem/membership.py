@@ -1,13 +1,19 @@
 """The membership agent every service runs: register with the coordinator, then heartbeat.
 
-A heartbeat answered with `known=False` (the coordinator restarted) registers again, so
-live services re-join a restarted coordinator without restarting themselves.
+A coordinator that stops answering is logged once (`coordinator_lost`); the agent keeps
+trying every interval. A heartbeat answered with `known=False` (the coordinator restarted,
+on the same address) registers again (`coordinator_back`), so live services re-join a
+restarted coordinator without restarting themselves.
+
+Leaving is two-step: `leave()` tells the coordinator the service is draining (no new work;
+heartbeats go on so its load stays visible), `stop()` says it is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +60,8 @@ class MembershipAgent:
         self._interval_s = 1.0
         self._task: asyncio.Task | None = None
         self._channel: grpc.aio.Channel | None = None
+        self._leaving = False
+        self._unreachable_since: float | None = None
 
     def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self._address)
@@ -72,29 +80,58 @@ class MembershipAgent:
         stub = pb_grpc.CoordinatorServiceStub(self._channel)
         while True:
             try:
-                if self._member_id is None:
+                if self._member_id is None and not self._leaving:
                     await self._register(stub)
-                else:
-                    load = self._load()
-                    reply = await stub.Heartbeat(pb.HeartbeatRequest(
-                        member_id=self._member_id, num_inflight=load.num_inflight,
-                        weight_version=load.weight_version), metadata=self._metadata, timeout=CALL_TIMEOUT_S)
-                    if not reply.known:
-                        self._log.warning("coordinator_forgot_member", member_id=self._member_id)
-                        self._member_id = None
-                        continue
+                elif self._member_id is not None:
+                    await self._heartbeat(stub)
+                self._reachable()
             except grpc.aio.AioRpcError as exc:
-                self._log.debug("coordinator_unreachable", code=exc.code().name)
+                self._unreachable(exc)
             await asyncio.sleep(self._interval_s)
 
+    async def _heartbeat(self, stub: pb_grpc.CoordinatorServiceStub) -> None:
+        load = self._load()
+        reply = await stub.Heartbeat(pb.HeartbeatRequest(
+            member_id=self._member_id, num_inflight=load.num_inflight, weight_version=load.weight_version),
+            metadata=self._metadata, timeout=CALL_TIMEOUT_S)
+        if not reply.known:
+            self._log.warning("coordinator_forgot_member", member_id=self._member_id, leaving=self._leaving)
+            self._member_id = None  # register again at once (unless leaving: then stay away)
+            if not self._leaving:
+                await self._register(stub)
+
+    def _unreachable(self, exc: grpc.aio.AioRpcError) -> None:
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            event = "coordinator_lost" if self._member_id is not None else "coordinator_unreachable"
+            self._log.warning(event, coordinator=self._address, code=exc.code().name)
+
+    def _reachable(self) -> None:
+        if self._unreachable_since is not None:
+            self._log.info("coordinator_back", coordinator=self._address, member_id=self._member_id,
+                           unreachable_s=round(time.monotonic() - self._unreachable_since, 3))
+            self._unreachable_since = None
+
+    async def leave(self) -> None:
+        """Tell the coordinator this service is draining: no new work from now on."""
+        self._leaving = True
+        await self._deregister(draining=True)
+
+    async def _deregister(self, draining: bool) -> None:
+        if self._member_id is None or self._channel is None:
+            return
+        try:
+            await pb_grpc.CoordinatorServiceStub(self._channel).Deregister(
+                pb.DeregisterRequest(member_id=self._member_id, draining=draining), metadata=self._metadata,
+                timeout=2.0)
+        except grpc.aio.AioRpcError:
+            pass  # the coordinator is gone; its heartbeat timeout will notice
+
     async def stop(self) -> None:
+        """Say the service is gone and stop heartbeating."""
+        self._leaving = True
         if self._task is not None:
             self._task.cancel()
-        if self._member_id is not None and self._channel is not None:
-            try:
-                await pb_grpc.CoordinatorServiceStub(self._channel).Deregister(
-                    pb.DeregisterRequest(member_id=self._member_id), metadata=self._metadata, timeout=2.0)
-            except grpc.aio.AioRpcError:
-                pass  # the coordinator is gone; its heartbeat timeout will notice
+        await self._deregister(draining=False)
         if self._channel is not None:
             await self._channel.close()

@@ -55,11 +55,14 @@ def write_address_file(path: Path, address: str) -> None:
 async def serve(running: RunningServer, args: argparse.Namespace, announcement: Announcement,
                 load: Callable[[], Load], log, on_stop: Callable[[], Awaitable[None]] | None = None, *,
                 ready: Callable[[], Awaitable[None]] | None = None, dead: Callable[[], bool] = lambda: False,
-                poll_s: float = 1.0) -> int:
+                drain: Callable[[], Awaitable[None]] | None = None, poll_s: float = 1.0) -> int:
     """Serve until SIGTERM/SIGINT (exit code 0) or until `dead()` turns true (1: a supervisor
     restarts the process). `ready` is awaited first (e.g. loading the model) while health
     says NOT_SERVING; then health turns SERVING, the address file is written and the service
-    announces itself. On the way out: NOT_SERVING, deregister, `on_stop`, stop the server."""
+    announces itself. On a stop signal, with `drain`: tell the coordinator it is leaving (no
+    new work), health NOT_SERVING, await `drain()` (the service finishes or hands back what it
+    holds, bounded by its own timeout); then, and on death: NOT_SERVING, deregister,
+    `on_stop`, stop the server."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -84,6 +87,12 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
                 await asyncio.wait_for(stop.wait(), poll_s)
             except TimeoutError:
                 pass
+        if exit_code == 0 and drain is not None:
+            await running.mark_not_serving()
+            if agent is not None:
+                await agent.leave()
+            log.info("service_draining")
+            await drain()
         log.info("service_stopping", exit_code=exit_code)
         return exit_code
     finally:

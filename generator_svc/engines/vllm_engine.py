@@ -14,6 +14,11 @@ labels the engine's outputs with the new version and resumes. vLLM labels every 
 step with the version current in the engine, so each completion reports the version
 that sampled it. If applying fails half-way, the weights are no known version: the
 engine stays paused and reports `serving = False` until a later receive succeeds.
+
+Draining (the service was told to stop): new Generate calls are refused with a
+ConnectionError (UNAVAILABLE: the caller sends them elsewhere); the calls and any weight
+swap in flight are awaited up to a timeout; whatever is still running then is aborted by
+`close`, and its caller re-sends it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class VllmEngine:
         self._num_running = 0
         self._swap_lock = asyncio.Lock()
         self._gate = SwapGate()
+        self._draining = False
 
     @classmethod
     async def start(cls, settings: GeneratorSettings, log: Any) -> VllmEngine:
@@ -85,6 +91,8 @@ class VllmEngine:
 
     async def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
                        request_id: str = "") -> AsyncIterator[Completion]:
+        if self._draining:
+            raise ConnectionError("this generator is leaving (told to stop): send the request to another one")
         async with self._gate.call():  # waits while a swap is applied: one call, one weight version
             self._check_serving()
             self._check_lengths(prompts, sampling)
@@ -198,6 +206,19 @@ class VllmEngine:
             raise
         self._version, self._serving = version, True
         log.info("weights_swapped")
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new calls; wait up to timeout_s for the calls and weight swap in flight.
+        Returns whether everything finished (False: `close` aborts the rest)."""
+        self._draining = True
+        started, deadline = time.monotonic(), time.monotonic() + timeout_s
+        held = self._gate.num_calls
+        while (self._gate.num_calls or self._swap_lock.locked()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        drained = not self._gate.num_calls and not self._swap_lock.locked()
+        self._log.info("drained" if drained else "drain_timed_out", calls_at_start=held,
+                       calls_left=self._gate.num_calls, seconds=round(time.monotonic() - started, 3))
+        return drained
 
     async def close(self) -> None:
         """Shut vLLM's engine processes down (blocks a few seconds; children are reaped)."""

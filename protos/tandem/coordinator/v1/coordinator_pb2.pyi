@@ -13,10 +13,23 @@ class ServiceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SERVICE_KIND_TRAINER: _ClassVar[ServiceKind]
     SERVICE_KIND_GENERATOR: _ClassVar[ServiceKind]
     SERVICE_KIND_REWARD: _ClassVar[ServiceKind]
+
+class MemberHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMBER_HEALTH_UNSPECIFIED: _ClassVar[MemberHealth]
+    MEMBER_HEALTH_HEALTHY: _ClassVar[MemberHealth]
+    MEMBER_HEALTH_LATE: _ClassVar[MemberHealth]
+    MEMBER_HEALTH_LEAVING: _ClassVar[MemberHealth]
+    MEMBER_HEALTH_STALE_WEIGHTS: _ClassVar[MemberHealth]
 SERVICE_KIND_UNSPECIFIED: ServiceKind
 SERVICE_KIND_TRAINER: ServiceKind
 SERVICE_KIND_GENERATOR: ServiceKind
 SERVICE_KIND_REWARD: ServiceKind
+MEMBER_HEALTH_UNSPECIFIED: MemberHealth
+MEMBER_HEALTH_HEALTHY: MemberHealth
+MEMBER_HEALTH_LATE: MemberHealth
+MEMBER_HEALTH_LEAVING: MemberHealth
+MEMBER_HEALTH_STALE_WEIGHTS: MemberHealth
 
 class RegisterRequest(_message.Message):
     __slots__ = ("kind", "address", "model_fingerprint", "capacity", "tasks", "pid")
@@ -59,17 +72,19 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class DeregisterRequest(_message.Message):
-    __slots__ = ("member_id",)
+    __slots__ = ("member_id", "draining")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     member_id: str
-    def __init__(self, member_id: _Optional[str] = ...) -> None: ...
+    draining: bool
+    def __init__(self, member_id: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class DeregisterResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("member_id", "kind", "address", "weight_version", "num_inflight", "last_seen_ms_ago", "tasks")
+    __slots__ = ("member_id", "kind", "address", "weight_version", "num_inflight", "last_seen_ms_ago", "tasks", "capacity", "health", "pid")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +92,9 @@ class Member(_message.Message):
     NUM_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_MS_AGO_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     kind: ServiceKind
     address: str
@@ -84,7 +102,10 @@ class Member(_message.Message):
     num_inflight: int
     last_seen_ms_ago: int
     tasks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, member_id: _Optional[str] = ..., kind: _Optional[_Union[ServiceKind, str]] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., num_inflight: _Optional[int] = ..., last_seen_ms_ago: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...
+    capacity: int
+    health: MemberHealth
+    pid: int
+    def __init__(self, member_id: _Optional[str] = ..., kind: _Optional[_Union[ServiceKind, str]] = ..., address: _Optional[str] = ..., weight_version: _Optional[int] = ..., num_inflight: _Optional[int] = ..., last_seen_ms_ago: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., health: _Optional[_Union[MemberHealth, str]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class GetRunStatusRequest(_message.Message):
     __slots__ = ()

@@ -78,7 +78,7 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Deregister(self, request, context):
-        """Leave cleanly (e.g. on SIGTERM).
+        """Leave cleanly (e.g. on SIGTERM): first draining (no new work), then gone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

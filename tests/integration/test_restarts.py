@@ -1,0 +1,140 @@
+"""A trainer and then the coordinator killed during one `tandem run`, on real processes:
+
+- kill -9 of the trainer's rank 0 mid-run: the coordinator notices, relaunches the trainer,
+  loads the last checkpoint into it and goes on; the generator keeps running (same pid);
+- kill -9 of the coordinator: running the same command again resumes the run by itself
+  (it has a checkpoint and did not finish); the services that outlived the coordinator
+  re-register with the new one and are adopted, not restarted (same pids);
+- the run ends with every GRPO step logged once and the expected samples; `tandem status`
+  showed each service with its kind, weight version, load and health meanwhile.
+Prints the measured trainer restart-to-resume time (pytest -s shows it).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+STEPS = 12  # enough that the coordinator is killed mid-GRPO even on a quiet, fast box
+ARGS = ["run", "sft.max_num_steps=0", f"grpo.max_num_steps={STEPS}", "grpo.val_period=0", "grpo.max_val_samples=8",
+        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
+        "policy.train_micro_batch_size=16", "checkpointing.save_period=1", "data.num_train=200", "data.num_val=8",
+        "cluster.trainer_ranks=1", "cluster.num_generators=1", "logger.plot_enabled=false",
+        "logger.tensorboard_enabled=false", "logger.log_dir=runs", "logger.run_name=restarts"]
+
+
+def _tandem(*args: str, cwd: Path, home: Path) -> subprocess.Popen:
+    env = {**os.environ, "TANDEM_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    env.pop("TANDEM_TOKEN", None)
+    return subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _events(run_dir: Path, name: str = "coordinator") -> list[dict]:
+    path = run_dir / "logs" / f"{name}.log"
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a service's log also holds the plain output of its libraries
+    return events
+
+
+def _grpo_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [r["step"] for r in rows if r["phase"] == "grpo"]
+
+
+def _wait(proc: subprocess.Popen, condition, what: str, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run exited (rc {proc.returncode}) before {what}:\n{proc.stdout.read()[-4000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def _services(run_dir: Path) -> dict[str, int]:
+    return {name: entry["pid"] for name, entry in json.loads((run_dir / "services.json").read_text()).items()}
+
+
+def _first_child(pid: int) -> int:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert children, f"torchrun (pid {pid}) has no worker"
+    return int(children[0])
+
+
+def _stop_leftovers(run_dir: Path) -> None:
+    if (run_dir / "services.json").is_file():
+        for pid in _services(run_dir).values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_resumes(tmp_path):
+    run_dir = tmp_path / "runs" / "restarts"
+    first = _tandem(*ARGS, cwd=tmp_path, home=tmp_path / "home")
+    second = None
+    try:
+        _wait(first, lambda: len(_grpo_steps(run_dir)) >= 2, "GRPO step 2")
+        status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status", "--run-dir", str(run_dir)],
+                                capture_output=True, text=True, timeout=60,
+                                env={**{k: v for k, v in os.environ.items() if k != "TANDEM_TOKEN"}, "COLUMNS": "200"})
+        assert status.returncode == 0, status.stdout + status.stderr
+        for word in ("trainer", "generator", "reward", "healthy", "/256"):  # kinds, health, load in-flight/capacity
+            assert word in status.stdout, status.stdout
+
+        before = _services(run_dir)
+        rank0 = _first_child(before["trainer"])
+        os.kill(rank0, signal.SIGKILL)
+        killed_at = len(_grpo_steps(run_dir))
+        _wait(first, lambda: any(e["event"] == "trainer_restarted" for e in _events(run_dir)), "the trainer restart")
+        restarted = next(e for e in _events(run_dir) if e["event"] == "trainer_restarted")
+        assert restarted["step"] <= killed_at  # back to the last checkpoint
+        after_trainer = _services(run_dir)
+        assert after_trainer["trainer"] != before["trainer"]
+        assert after_trainer["generator-0"] == before["generator-0"]  # the generator kept running
+        print(f"\ntrainer kill -9 -> resumed: relaunch {restarted['relaunch_s']:.1f}s, "
+              f"restart-to-resume {restarted['restart_to_resume_s']:.1f}s")
+
+        _wait(first, lambda: len(_grpo_steps(run_dir)) >= restarted["step"] + 1, "a step after the restart")
+        os.kill(first.pid, signal.SIGKILL)  # the coordinator dies; its services live on in their own sessions
+        first.wait(timeout=30)
+        assert len(_grpo_steps(run_dir)) < STEPS, "the run finished before the coordinator was killed"
+        sessions_before = sum(e["event"] == "registered" for e in _events(run_dir, "generator-0"))
+
+        second = _tandem(*ARGS, cwd=tmp_path, home=tmp_path / "home")  # no --resume: it resumes by itself
+        out, _ = second.communicate(timeout=600)
+        assert second.returncode == 0, out
+        assert "resumed from" in out
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["grpo_steps"] == STEPS and summary["samples"] == STEPS * 16
+        assert _grpo_steps(run_dir) == list(range(1, STEPS + 1))  # every step once, none lost or repeated
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["num_samples"] == 16 for r in rows if r["phase"] == "grpo")
+        events = _events(run_dir)
+        adopted = next(e for e in events if e["event"] == "services_adopted" and e["names"])
+        assert set(adopted["names"]) == {"trainer", "generator-0", "reward-arithmetic"}
+        assert adopted["pids"] == after_trainer  # the same processes, not restarted
+        assert not [e for e in events[events.index(adopted):] if e["event"] == "service_started"]
+        generator_events = [e["event"] for e in _events(run_dir, "generator-0")]
+        assert "coordinator_lost" in generator_events and "coordinator_back" in generator_events
+        assert generator_events.count("registered") > sessions_before  # it re-registered, without restarting
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+        _stop_leftovers(run_dir)

@@ -1,0 +1,88 @@
+"""Members that leave (drain) versus members that are gone, and their health, without sockets."""
+
+import threading
+import time
+
+import structlog
+
+from coordinator.registry import Registry, health
+from coordinator.rollout import GeneratorHandle, generate
+from generator_svc.types import Completion, SamplingConfig
+
+LOG = structlog.get_logger()
+
+
+def test_a_draining_member_gets_no_work_but_stays_present_until_it_is_gone():
+    registry = Registry(LOG, timeout_s=60)
+    a = registry.register("generator", "127.0.0.1:1", capacity=4)
+    b = registry.register("generator", "127.0.0.1:2", capacity=4)
+    registry.deregister(b, draining=True)
+    assert [m.member_id for m in registry.live("generator")] == [a]
+    assert registry.present(b) and [m.leaving for m in registry.members("generator")] == [False, True]
+    assert registry.heartbeat(b, num_inflight=3, weight_version=2)  # it still reports its load
+    leaving = next(m for m in registry.members() if m.member_id == b)
+    assert leaving.leaving and leaving.num_inflight == 3  # a heartbeat does not bring it back into rotation
+    registry.deregister(b)
+    assert not registry.present(b) and registry.present(a) and not registry.heartbeat(b, 0, 0)
+
+
+def test_a_silent_draining_member_is_lost_like_any_other():
+    registry = Registry(LOG, timeout_s=0.05)
+    member = registry.register("generator", "127.0.0.1:1")
+    registry.deregister(member, draining=True)
+    time.sleep(0.1)
+    assert not registry.present(member)
+
+
+def test_health():
+    registry = Registry(LOG, heartbeat_interval_s=1.0)
+    gen = registry.register("generator", "127.0.0.1:1")
+    registry.heartbeat(gen, 0, 3)
+    member = registry.members()[0]
+    now = member.last_seen
+    assert health(member, now, 1.0, published_version=3) == "healthy"
+    assert health(member, now, 1.0, published_version=4) == "stale_weights"
+    assert health(member, now, 1.0, published_version=None) == "healthy"  # nothing published yet
+    assert health(member, now + 2.5, 1.0, published_version=3) == "late"
+    registry.deregister(gen, draining=True)
+    assert health(registry.members()[0], now, 1.0, 3) == "leaving"
+
+
+class SlowGenerator:
+    """Streams one completion per (prompt, sample) after `release` is set."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.calls = 0
+
+    def generate(self, prompts, sampling, request_id="", timeout_s=0):
+        self.calls += 1
+        self.release.wait(10)
+        for i, _ in enumerate(prompts):
+            for j in range(sampling.n):
+                yield Completion(i, j, (sampling.sample_seed(i, j),), (0.0,), "stop", 0)
+
+    def close(self):
+        raise AssertionError("a draining generator's channel must not be closed")
+
+
+def test_a_generator_that_leaves_mid_rollout_finishes_its_calls_and_gets_no_more():
+    staying, leaving = SlowGenerator(), SlowGenerator()
+    handles = [GeneratorHandle("g0", staying, 4), GeneratorHandle("g1", leaving, 4)]
+    rotation = list(handles)
+
+    def announce_leaving():  # SIGTERM: g1 leaves the rotation but keeps heartbeating while it drains
+        time.sleep(0.2)
+        rotation.remove(handles[1])
+        time.sleep(0.3)
+        staying.release.set()
+        leaving.release.set()
+
+    threading.Thread(target=announce_leaving, daemon=True).start()
+    failed = []
+    sampling = SamplingConfig(n=2, temperature=1.0, max_tokens=2, seed=5)
+    groups = generate([[1]] * 6, sampling, lambda: list(rotation), lambda h, e: failed.append(h.member_id), LOG,
+                      poll_s=0.05, present=lambda member_id: True)
+    assert failed == [] and staying.calls == 1 and leaving.calls == 1  # no re-send: its share came back
+    for p, group in enumerate(groups):
+        assert [c.token_ids[0] for c in group] == [sampling.sample_seed(p, j) for j in range(2)]

@@ -1,0 +1,131 @@
+"""Recovery decisions and adopting the processes of an earlier coordinator, without services."""
+
+import json
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+import structlog
+
+from coordinator.adopted import AdoptedProcess, descendants, start_ticks
+from coordinator.config import load_config
+from coordinator.launcher import LocalLauncher, ServiceSpec
+from coordinator.recovery import resume_version, trainer_dead
+from coordinator.resume import find_unfinished
+
+LOG = structlog.get_logger()
+
+
+def test_resume_version_keeps_the_checkpoint_version_unless_something_newer_is_served():
+    assert resume_version(4, [0, 0]) == 4  # fresh generators: the uninterrupted run's versions
+    assert resume_version(4, [4, 3]) == 4
+    assert resume_version(4, [7, 6]) == 8  # generators that outlived the trainer refuse older versions
+    assert resume_version(4, []) == 4
+
+
+class _Launcher:
+    def __init__(self, exited):
+        self._exited = exited
+
+    def exited(self, name):
+        return self._exited
+
+
+class _Services:
+    def __init__(self, error=None):
+        self._error = error
+
+    @property
+    def trainer(self):
+        if isinstance(self._error, RuntimeError):
+            raise self._error
+        return self
+
+    def info(self):
+        if self._error is not None:
+            raise self._error
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def test_trainer_dead():
+    assert trainer_dead(_Services(), _Launcher(exited=True))
+    assert trainer_dead(_Services(_Unavailable()), _Launcher(exited=False))
+    assert trainer_dead(_Services(RuntimeError("no live trainer")), _Launcher(exited=False))
+    assert not trainer_dead(_Services(), _Launcher(exited=False))
+
+
+def test_find_unfinished(tmp_path):
+    cfg = load_config(overrides=[f"logger.log_dir={tmp_path}", "logger.run_name=r"])
+    assert find_unfinished(load_config(overrides=[f"logger.log_dir={tmp_path}"])) is None  # no name: fresh
+    assert find_unfinished(cfg) is None  # nothing saved
+    step = tmp_path / "r" / "checkpoints" / "step_000002"
+    step.mkdir(parents=True)
+    (step / "coordinator.json").write_text(json.dumps({"step": 2, "weight_version": 3, "cursor": {}}))
+    (tmp_path / "r" / "checkpoints" / "latest").write_text("step_000002")
+    path, state = find_unfinished(cfg)
+    assert path == step and state.step == 2 and state.weight_version == 3
+    (tmp_path / "r" / "summary.json").write_text("{}")
+    assert find_unfinished(cfg) is None  # it finished: a new run of that name starts fresh
+
+
+def test_a_restarted_launcher_adopts_live_services_and_stops_them(tmp_path):
+    state = tmp_path / "services.json"
+    first = LocalLauncher(tmp_path / "logs", {}, LOG, state_file=state)
+    sleeper = ServiceSpec("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"])
+    first.start(sleeper)
+    first.start(ServiceSpec("quick", [sys.executable, "-c", "pass"]))
+    pid = first.pids()["sleeper"]
+    first._children[1].process.wait(timeout=30)
+    # a new coordinator of the same run: the live one is adopted, the finished one is not
+    second = LocalLauncher(tmp_path / "logs", {}, LOG, state_file=state)
+    assert second.adopt() == ["sleeper"] and second.pids() == {"sleeper": pid}
+    second.start(sleeper)  # kept, not started twice
+    assert second.pids() == {"sleeper": pid} and not second.exited("sleeper")
+    second.check()
+    second.stop_all(grace_s=5)
+    assert AdoptedProcess.find(pid, start_ticks(pid) or 1) is None
+    first._children[0].process.wait(timeout=10)  # reap it (the first launcher is its real parent)
+
+
+def test_an_adopted_pid_must_have_the_recorded_start_time():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ticks = start_ticks(process.pid)
+        assert AdoptedProcess.find(process.pid, ticks) is not None
+        assert AdoptedProcess.find(process.pid, ticks + 1) is None  # a reused pid is not ours
+        adopted = AdoptedProcess(process.pid, ticks)
+        with pytest.raises(subprocess.TimeoutExpired):
+            adopted.wait(timeout=0.1)
+        process.kill()
+        process.wait()
+        assert adopted.poll() == -1
+    finally:
+        process.kill()
+
+
+def test_restart_kills_descendants_in_sessions_of_their_own(tmp_path):
+    """torchrun starts its ranks with start_new_session: a restart must not leave them running."""
+    launcher = LocalLauncher(tmp_path / "logs", {}, LOG, state_file=tmp_path / "services.json")
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "start_new_session=True); time.sleep(120)")
+    launcher.start(ServiceSpec("tree", [sys.executable, "-c", code]))
+    leader = launcher.pids()["tree"]
+    deadline = time.monotonic() + 30
+    while not descendants(leader):
+        assert time.monotonic() < deadline, "the grandchild never started"
+        time.sleep(0.05)
+    grandchild = descendants(leader)[0]
+    ticks = start_ticks(grandchild)
+    launcher.restart("tree")
+    deadline = time.monotonic() + 10
+    while AdoptedProcess.find(grandchild, ticks) is not None:
+        assert time.monotonic() < deadline, "the grandchild in its own session survived the restart"
+        time.sleep(0.05)
+    assert launcher.pids()["tree"] != leader
+    launcher.stop_all(grace_s=2)

@@ -1,0 +1,73 @@
+"""The membership agent against a real coordinator server on 127.0.0.1 (no model): it notices
+the coordinator is gone, re-registers with a new one on the same address without restarting,
+and leaves in two steps (draining, then gone)."""
+
+import asyncio
+import threading
+import time
+
+import structlog
+
+from coordinator.registry import Registry
+from coordinator.server import CoordinatorServer
+from coordinator.status import RunStatus
+from tandem.membership import Announcement, Load, MembershipAgent
+
+TOKEN = "agent-test-token"
+
+
+class Events:
+    def __init__(self):
+        self.names: list[str] = []
+
+    def _add(self, event, **fields):
+        self.names.append(event)
+
+    info = warning = debug = _add
+
+
+def _server(port: int) -> tuple[CoordinatorServer, Registry, str]:
+    log = structlog.get_logger()
+    registry = Registry(log, heartbeat_interval_s=0.1, timeout_s=5)
+    server = CoordinatorServer(registry, RunStatus("t"), host="127.0.0.1", port=port, token=TOKEN, log=log)
+    return server, registry, server.start()
+
+
+def _until(condition, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_the_agent_re_registers_with_a_restarted_coordinator_and_leaves_in_two_steps():
+    server, registry, address = _server(0)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    events = Events()
+    agent = MembershipAgent(address, TOKEN, Announcement("generator", "127.0.0.1:1", capacity=8),
+                            lambda: Load(num_inflight=2, weight_version=3), events)
+    loop.call_soon_threadsafe(agent.start)
+    try:
+        _until(lambda: registry.live("generator"), "the first registration")
+        first = registry.live("generator")[0]
+        _until(lambda: registry.live("generator")[0].weight_version == 3, "a heartbeat")
+
+        server.stop()  # the coordinator dies ...
+        _until(lambda: "coordinator_lost" in events.names, "the agent to notice")
+        server, registry, again = _server(int(address.rpartition(":")[2]))  # ... and comes back on its address
+        assert again == address
+        _until(lambda: registry.live("generator"), "the re-registration")
+        member = registry.live("generator")[0]
+        assert member.address == first.address and member.member_id != first.member_id and member.capacity == 8
+        assert "coordinator_back" in events.names and events.names.count("registered") == 2
+
+        asyncio.run_coroutine_threadsafe(agent.leave(), loop).result(timeout=10)
+        assert registry.live() == [] and registry.present(member.member_id)  # draining: present, no new work
+        time.sleep(0.5)
+        assert registry.present(member.member_id) and events.names.count("registered") == 2  # not back in rotation
+        asyncio.run_coroutine_threadsafe(agent.stop(), loop).result(timeout=10)
+        assert not registry.present(member.member_id)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        server.stop()
