@@ -38,14 +38,19 @@ def reaching_address(coordinator: str) -> str:
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"--coordinator must be HOST:PORT, got {coordinator!r}")
+    try:
+        address = socket.gethostbyname(host)
+    except OSError as exc:
+        raise SystemExit(f"cannot resolve the coordinator's host {host!r} ({exc}): check --coordinator "
+                         "(or TANDEM_COORDINATOR)") from None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(host), int(port)))  # UDP connect: routes, sends nothing
+        probe.connect((address, int(port)))  # UDP connect: picks the route, sends nothing
         return probe.getsockname()[0]
 
 
-def coordinator_argv(config: str | None, overrides: list[str], port: int) -> list[str]:
-    """`tandem run` arguments: bind all interfaces on a fixed port, launch nothing."""
-    return ["run", *([config] if config else []), "cluster.host=0.0.0.0", f"cluster.port={port}", *overrides,
+def coordinator_argv(config: str | None, overrides: list[str], host: str, port: int) -> list[str]:
+    """`tandem run` arguments: bind host:port (the experiment's overrides may say otherwise), launch nothing."""
+    return ["run", *([config] if config else []), f"cluster.host={host}", f"cluster.port={port}", *overrides,
             "cluster.launch=external"]
 
 
@@ -60,7 +65,7 @@ def service_argv(args: argparse.Namespace, config: str | None, overrides: list[s
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
     advertise = args.advertise_host or reaching_address(args.coordinator)
-    common = ["--host", "0.0.0.0", "--port", str(args.port), "--advertise-host", advertise,
+    common = ["--host", args.host, "--port", str(args.port), "--advertise-host", advertise,
               "--coordinator", args.coordinator]
     path = settings_dir / f"{args.role}.json"
     if args.role == "trainer":
@@ -68,7 +73,7 @@ def service_argv(args: argparse.Namespace, config: str | None, overrides: list[s
         path.write_text(settings.model_dump_json())
         return [*torchrun(args, cfg.cluster.trainer_ranks), "-m", "trainer_svc", "--settings", str(path), *common]
     if args.role == "generator":
-        settings = launch.generator_settings(cfg, model_dir(cfg), args.index, settings_dir / "scratch")
+        settings = launch.generator_settings(cfg, model_dir(cfg), args.index, launch.scratch_root(settings_dir))
         path.write_text(settings.model_dump_json())
         return python_module("generator_svc", "--settings", str(path), *common)
     if args.task not in cfg.env:
@@ -104,7 +109,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--coordinator", default=os.environ.get("TANDEM_COORDINATOR", f"coordinator:{DEFAULT_PORT}"),
                         help="HOST:PORT of the coordinator (env TANDEM_COORDINATOR)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port this service binds on all interfaces")
+    parser.add_argument("--host", default="0.0.0.0", help="address this service binds (default: all interfaces "
+                                                          "of its container or host)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port this service binds (0: any free port)")
     parser.add_argument("--advertise-host", default=None, help="address others reach this service at "
                                                                 "(default: this host's address towards the coordinator)")
     parser.add_argument("--task", default=None, help="reward: the env.<task> this service scores")
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "coordinator":
         from coordinator.cli import main as tandem
 
-        return tandem(coordinator_argv(config, overrides, args.port))
+        return tandem(coordinator_argv(config, overrides, args.host, args.port))
     settings_dir = Path(tempfile.mkdtemp(prefix=f"tandem-{args.role}-"))
     command = service_argv(args, config, overrides, settings_dir)
     print("exec:", shlex.join(command), file=sys.stderr, flush=True)
