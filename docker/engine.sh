@@ -32,7 +32,15 @@ start() {
 JSON
   export DOCKER_HOST="unix://$RUNTIME/docker.sock" DOCKER_CONFIG="$RUNTIME/config"
   if ! docker version >/dev/null 2>&1; then
+    local owner
+    owner=$(cat "$CACHE/engine.pid" 2>/dev/null || true)
+    if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then  # two daemons on one data-root corrupt it
+      echo "an engine (pid $owner) already uses $CACHE/engine: stop it (docker/engine.sh stop with its" \
+           "TANDEM_DOCKER_RUNTIME) or set TANDEM_DOCKER_CACHE to another directory" >&2
+      exit 1
+    fi
     nohup dockerd --config-file "$RUNTIME/daemon.json" > "$RUNTIME/dockerd.log" 2>&1 &
+    echo $! > "$CACHE/engine.pid"
     for _ in $(seq 120); do docker version >/dev/null 2>&1 && break; sleep 0.5; done
     docker version >/dev/null 2>&1 || { tail -20 "$RUNTIME/dockerd.log" >&2; exit 1; }
   fi
@@ -51,6 +59,8 @@ stop() {
     umount -l "$mount" 2>/dev/null || true
   done
   rm -rf "$RUNTIME"
+  [ "$(cat "$CACHE/engine.pid" 2>/dev/null)" = "$pid" ] && rm -f "$CACHE/engine.pid"
+  return 0
 }
 
 case "$cmd" in
