@@ -13,6 +13,7 @@ CACHE=${TANDEM_DOCKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/docker}
 BASE=localhost/tandem-base:bookworm
 DEPS=localhost/tandem-deps:cpu
 PYTHON=${PYTHON:-python3}
+WHEELS_RECIPE=1
 mkdir -p "$CACHE"
 
 has_image() { docker image inspect "$1" >/dev/null 2>&1; }
@@ -34,9 +35,9 @@ base_image() {
 }
 
 wheels() {
-  # Keyed by what decides the dependency set; a change downloads (and builds) again.
+  # Keyed by what decides the dependency set (bump WHEELS_RECIPE when the commands below change).
   local want
-  want=$(cat pyproject.toml requirements/*.txt docker/prepare.sh | sha256sum | cut -c1-16)
+  want=$( (cat pyproject.toml requirements/*.txt; echo "$WHEELS_RECIPE") | sha256sum | cut -c1-16)
   [ "$(cat "$CACHE/wheels/.stamp" 2>/dev/null)" = "$want" ] && return 0
   rm -rf "$CACHE/wheels.tmp" && mkdir -p "$CACHE/wheels.tmp"
   # The CPU build of torch for every package that asks for torch (not the CUDA one and its libraries).
@@ -57,7 +58,7 @@ deps_image() {
   local stamp
   stamp=$(cat "$CACHE/wheels/.stamp" docker/deps.Dockerfile | sha256sum | cut -c1-16)
   [ "$(docker image inspect -f '{{index .Config.Labels "tandem.deps"}}' "$DEPS" 2>/dev/null)" = "$stamp" ] && return 0
-  docker build -q -f docker/deps.Dockerfile --label "tandem.deps=$stamp" -t "$DEPS" "$CACHE/wheels" >/dev/null
+  docker build -q --network none -f docker/deps.Dockerfile --label "tandem.deps=$stamp" -t "$DEPS" "$CACHE/wheels" >/dev/null
 }
 
 token() {
