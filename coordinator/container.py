@@ -49,9 +49,10 @@ def reaching_address(coordinator: str) -> str:
 
 
 def coordinator_argv(config: str | None, overrides: list[str], host: str, port: int) -> list[str]:
-    """`tandem run` arguments: bind host:port (the experiment's overrides may say otherwise), launch nothing."""
-    return ["run", *([config] if config else []), f"cluster.host={host}", f"cluster.port={port}", *overrides,
-            "cluster.launch=external"]
+    """`tandem run` arguments: bind host:port, wait up to an hour for the services (started by someone
+    else, maybe on a busy or distant host), launch nothing; the experiment's overrides may say otherwise."""
+    return ["run", *([config] if config else []), f"cluster.host={host}", f"cluster.port={port}",
+            "cluster.startup_timeout_s=3600", *overrides, "cluster.launch=external"]
 
 
 def service_argv(args: argparse.Namespace, config: str | None, overrides: list[str], settings_dir: Path) -> list[str]:
