@@ -22,6 +22,7 @@ import shlex
 import socket
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 ROLES = ("coordinator", "trainer", "generator", "reward")
@@ -74,7 +75,8 @@ def service_argv(args: argparse.Namespace, config: str | None, overrides: list[s
         path.write_text(settings.model_dump_json())
         return [*torchrun(args, cfg.cluster.trainer_ranks), "-m", "trainer_svc", "--settings", str(path), *common]
     if args.role == "generator":
-        settings = launch.generator_settings(cfg, model_dir(cfg), args.index, launch.scratch_root(settings_dir))
+        index = args.index if args.index is not None else zlib.crc32(advertise.encode()) % 10_000  # replicas differ
+        settings = launch.generator_settings(cfg, model_dir(cfg), index, launch.scratch_root(settings_dir))
         path.write_text(settings.model_dump_json())
         return python_module("generator_svc", "--settings", str(path), *common)
     if args.task not in cfg.env:
@@ -116,7 +118,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--advertise-host", default=None, help="address others reach this service at "
                                                                 "(default: this host's address towards the coordinator)")
     parser.add_argument("--task", default=None, help="reward: the env.<task> this service scores")
-    parser.add_argument("--index", type=int, default=0, help="generator: its seed is grpo.seed + index")
+    parser.add_argument("--index", type=int, default=None, help="generator: its seed is grpo.seed + index "
+                                                                 "(default: derived from its address)")
     parser.add_argument("--ranks", type=int, default=0, help="trainer: processes on this node (0: cluster.trainer_ranks)")
     parser.add_argument("--nnodes", type=int, default=1, help="trainer: nodes of the torchrun rendezvous")
     parser.add_argument("--node-rank", type=int, default=0, help="trainer: this node's rank (0 serves gRPC)")
