@@ -16,22 +16,27 @@ PYTHON=${PYTHON:-python3}
 WHEELS_RECIPE=1
 mkdir -p "$CACHE"
 
-has_image() { docker image inspect "$1" >/dev/null 2>&1; }
+# libnuma1: vLLM's CPU kernels link it. A change of this list makes a new base (and deps image).
+BASE_PACKAGES=python3,python3-venv,ca-certificates,iproute2,libnuma1
+BASE_KEY=$(echo "$BASE_PACKAGES" | sha256sum | cut -c1-16)
+
+label_of() { docker image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
 
 base_image() {
-  has_image "$BASE" && return 0
-  if [ ! -s "$CACHE/base-bookworm.tar" ]; then
+  [ "$(label_of "$BASE" tandem.base)" = "$BASE_KEY" ] && return 0
+  local tarball="$CACHE/base-bookworm-$BASE_KEY.tar"
+  if [ ! -s "$tarball" ]; then
     command -v debootstrap >/dev/null || { echo "debootstrap not found: apt-get install debootstrap" >&2; exit 2; }
     local root
     root=$(mktemp -d "$CACHE/rootfs.XXXX")
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,iproute2 \
+    debootstrap --variant=minbase --include="$BASE_PACKAGES" \
       bookworm "$root" "${DEBIAN_MIRROR:?set DEBIAN_MIRROR to a Debian archive URL}" >"$CACHE/debootstrap.log" 2>&1 \
       || { tail -20 "$CACHE/debootstrap.log" >&2; rm -rf "$root"; exit 1; }
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-    tar -C "$root" -cf "$CACHE/base-bookworm.tar.tmp" . && mv "$CACHE/base-bookworm.tar.tmp" "$CACHE/base-bookworm.tar"
+    tar -C "$root" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
     rm -rf "$root"
   fi
-  docker import -c 'CMD ["/bin/bash"]' "$CACHE/base-bookworm.tar" "$BASE" >/dev/null
+  docker import -c 'CMD ["/bin/bash"]' -c "LABEL tandem.base=$BASE_KEY" "$tarball" "$BASE" >/dev/null
 }
 
 wheels() {
@@ -56,8 +61,8 @@ wheels() {
 
 deps_image() {
   local stamp
-  stamp=$(cat "$CACHE/wheels/.stamp" docker/deps.Dockerfile | sha256sum | cut -c1-16)
-  [ "$(docker image inspect -f '{{index .Config.Labels "tandem.deps"}}' "$DEPS" 2>/dev/null)" = "$stamp" ] && return 0
+  stamp=$( (cat "$CACHE/wheels/.stamp" docker/deps.Dockerfile; echo "$BASE_KEY") | sha256sum | cut -c1-16)
+  [ "$(label_of "$DEPS" tandem.deps)" = "$stamp" ] && return 0
   docker build -q --network none -f docker/deps.Dockerfile --label "tandem.deps=$stamp" -t "$DEPS" "$CACHE/wheels" >/dev/null
 }
 
