@@ -80,12 +80,14 @@ def stack(engine, tmp_path_factory):
         up = _sh("docker", "compose", "up", "--exit-code-from", "coordinator", env=env, timeout=2400, check=False)
         timings["up_s"] = time.perf_counter() - clock
         generators = _sh("docker", "compose", "ps", "-a", "-q", "generator", env=env, timeout=60).stdout.split()
-        logs = {cid: _sh("docker", "logs", cid, env=env, timeout=60).stdout for cid in generators}
+        logs = {}
+        for cid in generators:  # services log to stderr (structlog), vLLM to both
+            result = _sh("docker", "logs", cid, env=env, timeout=60)
+            logs[cid] = result.stdout + result.stderr
         saved = tmp_path_factory.mktemp("compose-logs")  # whole logs, for a failure's root cause
         (saved / "up.log").write_text(up.stdout + up.stderr)
-        for cid in generators:
-            (saved / f"generator-{cid[:12]}.log").write_text(
-                _sh("docker", "logs", cid, env=env, timeout=60, check=False).stderr + logs[cid])
+        for cid, text in logs.items():
+            (saved / f"generator-{cid[:12]}.log").write_text(text)
         print(f"\ncompose logs: {saved}")
         yield up.returncode, up.stdout + up.stderr, logs
     finally:
