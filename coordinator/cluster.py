@@ -1,5 +1,7 @@
 """Local mode's cluster: the coordinator's membership server plus every service launched
 as a child process, as one context manager. `Run` uses it; so do the integration tests.
+With `cluster.launch: external` (docker compose, several hosts) it launches nothing and waits
+for the services, started by someone else with `--coordinator`, to register.
 
     with LocalCluster(cfg, model_dir, run_dir, token, log) as services:
         services.trainer.info() ...
@@ -59,7 +61,8 @@ class LocalCluster:
         self.registry = Registry(log)
         self.adopt = adopt
         self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host,
-                                        port=_previous_port(run_dir) if adopt else 0, token=token, log=log)
+                                        port=(_previous_port(run_dir) if adopt else 0) or cfg.cluster.port,
+                                        token=token, log=log)
         self.launcher = LocalLauncher(run_dir / "logs", {"TANDEM_TOKEN": token, **CHILD_ENV}, log,
                                       state_file=run_dir / "services.json")
         self.services = Services(self.registry, token, log)
@@ -79,7 +82,11 @@ class LocalCluster:
                 self.launcher.stop_all()
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
-            launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
+            if self.cfg.cluster.launch == "local":
+                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
+            else:
+                self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
+                              tasks=sorted(self.cfg.env))
             self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
                                    check=self.launcher.check)
             self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on

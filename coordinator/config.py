@@ -356,9 +356,14 @@ class ClusterConfig(_Section):
     trainer_ranks: int = Field(2, ge=1)
     """torchrun processes of the trainer (local mode)."""
     num_generators: int = Field(1, ge=1)
-    """Generator services to launch (local mode)."""
+    """Generator services to launch (local mode), or to wait for before starting (external); more may join later."""
     host: str = "127.0.0.1"
     """Address services bind and advertise."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of the coordinator's membership server (0: any free port; launch: external wants a fixed one)."""
+    launch: Literal["local", "external"] = "local"
+    """local: start every service as a child process. external: start none (docker compose, several
+    hosts): wait for a trainer, num_generators generators and every task's reward service to register."""
     startup_timeout_s: float = Field(300, gt=0)
     max_trainer_restarts: int = Field(2, ge=0)
     """Times a trainer that dies during GRPO is relaunched (local mode), the run resuming from its

@@ -44,9 +44,10 @@ def info_to_pb(i: GeneratorInfo) -> pb.GetInfoResponse:
 class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
     """Transport only; `engine` is set once loaded, `running` once the server listens."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Any = None) -> None:
         self.engine: GenerationEngine | None = None
         self.running: RunningServer | None = None
+        self._log = log
 
     def _engine(self) -> GenerationEngine:
         if self.engine is None:
@@ -61,6 +62,8 @@ class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
         async for completion in self._engine().generate(prompts, sampling_from_pb(request.sampling),
                                                          request.request_id):
             yield completion_to_pb(completion)
+        if self._log is not None:  # one line per request: which replica served how much (compose tests read it)
+            self._log.info("generate_served", request_id=request.request_id, prompts=len(prompts))
 
     async def ReceiveWeights(self, request: pb.ReceiveWeightsRequest, context: Any) -> pb.ReceiveWeightsResponse:
         engine, started = self._engine(), time.monotonic()
@@ -88,7 +91,7 @@ async def serve(settings: GeneratorSettings, args: argparse.Namespace, token: st
     death (1); the lifecycle is tandem.service.serve's."""
     from generator_svc.engines.vllm_engine import VllmEngine  # imports vLLM: after the env is set
 
-    servicer = GeneratorServicer()
+    servicer = GeneratorServicer(log)
     running = servicer.running = await start_server(
         [lambda s: pb_grpc.add_GeneratorServiceServicer_to_server(servicer, s)], [SERVICE_NAME],
         host=args.host, port=args.port, token=token, log=log)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -138,8 +139,13 @@ def _make_group(store: dist.Store, spec: GroupSpec, rank: int, device: torch.dev
 
 
 def _local_interface_for(store_host: str) -> str:
-    """The address gloo binds: loopback when the store is local, else the default interface."""
-    return "127.0.0.1" if store_host in ("127.0.0.1", "localhost") else ""
+    """The address gloo binds: loopback when the store is local, else this host's address on the
+    interface that routes to the store's host (containers, other hosts), which every member reaches."""
+    if store_host in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(store_host), 9))  # UDP connect: picks the route, sends nothing
+        return probe.getsockname()[0]
 
 
 def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> dist.Work:

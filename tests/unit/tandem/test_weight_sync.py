@@ -91,3 +91,10 @@ def test_sender_checks_tensors_against_plan():
         from tandem.weight_sync import _group_by_bucket
         _group_by_bucket(plan, [])
     sender.close()
+
+
+def test_gloo_binds_the_interface_that_reaches_the_store():
+    from tandem.weight_sync import _local_interface_for
+
+    assert _local_interface_for("localhost") == "127.0.0.1"
+    assert _local_interface_for("127.0.0.2") == "127.0.0.1"  # the route to any loopback address is lo
