@@ -3,6 +3,12 @@
 # and Tandem itself with its dev tools. Idempotent; safe to run before every command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# System packages of the compose and multi-host tests (tests/compose, tests/multihost): a
+# Docker engine, debootstrap for the base image, iproute2 for network namespaces. As root only.
+if [ "$(id -u)" = 0 ] && { ! command -v dockerd || ! command -v debootstrap || ! command -v ip; } >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io debootstrap iproute2
+fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
