@@ -101,6 +101,7 @@ class LocalCluster:
             return self.server.start()
         except OSError as exc:  # the previous address is taken: services started before must be replaced
             self.log.warning("coordinator_address_taken", error=str(exc))
+            self.adopt = False  # services that outlived the last coordinator cannot reach this one: replace them
             self.server = CoordinatorServer(self.registry, self.status, host=self.cfg.cluster.host, port=0,
                                             token=self.token, log=self.log)
             return self.server.start()
