@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from reward_svc.config import SandboxLimits, ScorerName
+from trainer_svc.backends.megatron.settings import MegatronSettings
 from trainer_svc.types import GrpoLossConfig
 
 
@@ -53,9 +54,10 @@ class DTensorConfig(_Section):
     activation_checkpointing: bool = False
 
 
-class MegatronConfig(_Section):
-    enabled: bool = False
-    """Train with Megatron-core (wins over dtensor_cfg when both are enabled). Not built yet."""
+class MegatronConfig(MegatronSettings):
+    """policy.megatron_cfg: passed to the trainer as is (its keys and meaning: trainer_svc's MegatronSettings)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TrainingBackend(str, Enum):
@@ -72,12 +74,11 @@ def resolve_backend(dtensor: DTensorConfig, megatron: MegatronConfig) -> Trainin
         if dtensor.enabled:
             warnings.warn("policy.megatron_cfg.enabled and policy.dtensor_cfg.enabled are both true: "
                           "Megatron takes precedence", stacklevel=2)
-        raise ValueError("policy.megatron_cfg.enabled: the Megatron-core backend is not available yet; "
-                         "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true")
+        return TrainingBackend.MEGATRON
     if dtensor.enabled:
         return TrainingBackend.DTENSOR
     raise ValueError("no training backend enabled: set policy.dtensor_cfg.enabled=true "
-                     "(or policy.megatron_cfg.enabled=true once Megatron is available)")
+                     "or policy.megatron_cfg.enabled=true")
 
 
 class VllmConfig(_Section):

@@ -25,6 +25,7 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
         "max_grad_norm": policy.max_grad_norm,
         "dtensor_cfg": {"enabled": policy.dtensor_cfg.enabled,
                         "activation_checkpointing": policy.dtensor_cfg.activation_checkpointing},
+        "megatron_cfg": policy.megatron_cfg.model_dump(),
         "weight_sync_host": cfg.cluster.host,
     })
 

@@ -69,10 +69,20 @@ def test_no_backend_enabled_names_both_keys():
         load_config(overrides=["policy.dtensor_cfg.enabled=false"])
 
 
-def test_megatron_wins_with_a_warning_and_is_refused_until_built():
+def test_megatron_wins_with_a_warning_when_both_are_enabled():
+    from coordinator.config import TrainingBackend
+
     with pytest.warns(UserWarning, match="Megatron takes precedence"):
-        with pytest.raises(ConfigError, match="megatron_cfg.enabled: the Megatron-core backend is not available"):
-            load_config(overrides=["policy.megatron_cfg.enabled=true"])
+        cfg = load_config(overrides=["policy.megatron_cfg.enabled=true"])
+    assert cfg.policy.backend is TrainingBackend.MEGATRON
+
+
+def test_megatron_alone_needs_no_warning(recwarn):
+    from coordinator.config import TrainingBackend
+
+    cfg = load_config(overrides=["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"])
+    assert cfg.policy.backend is TrainingBackend.MEGATRON
+    assert not [w for w in recwarn if "precedence" in str(w.message)]
 
 
 def test_backend_is_not_a_settable_key():
