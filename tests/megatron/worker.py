@@ -9,6 +9,7 @@ a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the ch
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -85,6 +86,9 @@ def job_export(backend, model_dir: str) -> dict:
 def main() -> None:
     settings_path, job, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
     settings = TrainerSettings.model_validate_json(Path(settings_path).read_text())
+    if os.environ.get("RANK") == "1" and os.environ.get("TANDEM_TEST_RANK1_CACHE"):
+        # a rank whose cache directory is not the one rank 0 sees (as on a machine without the shared disk)
+        os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = os.environ["TANDEM_TEST_RANK1_CACHE"]
     env = init_distributed(600)
     backend = build_backend(settings, env)
     if job == "logits":

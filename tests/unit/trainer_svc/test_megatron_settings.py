@@ -71,3 +71,16 @@ def test_gpu_only_options_fail_clearly_on_cpu(options, message):
 def test_impossible_layouts_name_the_key(options, world, message):
     with pytest.raises(ValueError, match=message):
         check_supported(MegatronSettings(enabled=True, **options), ARCH, world_size=world, on_gpu=True)
+
+
+@pytest.mark.parametrize("recipe", ["grpo_megatron", "dapo_megatron"])
+def test_megatron_recipes_load_and_choose_megatron(recipe):
+    from pathlib import Path
+
+    from coordinator.config import TrainingBackend
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "configs" / f"{recipe}.yaml"
+    cfg = load_config(path)
+    assert cfg.policy.backend is TrainingBackend.MEGATRON
+    m = cfg.policy.megatron_cfg
+    assert cfg.cluster.trainer_ranks % (m.tensor_model_parallel_size * m.pipeline_model_parallel_size) == 0

@@ -94,6 +94,8 @@ def publish_entry(tmp: Path, entry: Path, info: dict, rank: int, group: dist.Pro
     dist.barrier(group=group)
     if rank == 0:
         (tmp / MARKER).write_text(json.dumps(info, indent=2))
+        if entry.exists() and not is_complete(entry):  # left by an interrupted publish: never read, replace it
+            shutil.rmtree(entry)
         try:
             tmp.rename(entry)
         except OSError:  # another run published the same entry first: keep theirs
