@@ -72,7 +72,7 @@ def test_grpo_steps_run_on_policy_through_the_services(loop):
         assert metrics["weight_version"] == ctx.publisher.version
         # on-policy: the generator's weights are the Megatron model's, so the probabilities agree
         assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
-        assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+        assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])  # 0 when every group agrees
 
 
 def test_published_weights_score_like_the_trainer(loop):

@@ -69,6 +69,34 @@ def job_step(backend, num_steps: int) -> dict:
     return out
 
 
+def job_checkpoint(backend, directory: Path) -> dict:
+    """Loss of the step after a save, then again after loading that save: equal when the
+    model, optimizer, scheduler and RNG all round-trip."""
+    samples = fixed_samples(backend.vocab_size)
+    loss = GrpoLossConfig(reference_policy_kl_penalty=0.01)
+    backend.train_step(samples, loss, 8, 2, None)
+    backend.save_checkpoint(directory)
+    after_save = [backend.train_step(samples, loss, 8, 2, None).metrics for _ in range(2)]
+    step = backend.load_checkpoint(directory)
+    after_load = [backend.train_step(samples, loss, 8, 2, None).metrics for _ in range(2)]
+    return {"restored_step": step, "after_save": after_save, "after_load": after_load}
+
+
+def job_bench(backend, num_steps: int) -> dict:
+    """Wall time of GRPO train steps on the fixed batch (the first one is warm-up)."""
+    import time
+
+    samples = fixed_samples(backend.vocab_size, 16)
+    loss = GrpoLossConfig()
+    times = []
+    for _ in range(num_steps + 1):
+        start = time.perf_counter()
+        backend.train_step(samples, loss, 16, 4, None)
+        times.append(time.perf_counter() - start)
+    return {"step_s": sorted(times[1:])[len(times[1:]) // 2], "conversion": getattr(backend, "conversion", None),
+            "conversion_s": getattr(backend, "conversion_s", None)}
+
+
 def job_export(backend, model_dir: str) -> dict:
     from safetensors.torch import load_file
 
@@ -83,8 +111,31 @@ def job_export(backend, model_dir: str) -> dict:
             "missing_from_source": sorted(set(state) - set(source))}
 
 
+def job_scatter(env) -> dict:
+    """gloo scatter of non-contiguous chunks, with the CPU compatibility layer installed."""
+    import torch.distributed as dist
+
+    from trainer_svc.backends.megatron import cpu_compat
+
+    cpu_compat.install()
+    full = torch.arange(8.0).reshape(2, 4)
+    chunks = list(torch.chunk(full, env.world_size, dim=1)) if env.rank == 0 else None
+    out = torch.empty(2, 4 // env.world_size)
+    dist.scatter(out, chunks, src=0)
+    gathered = [None] * env.world_size
+    dist.all_gather_object(gathered, out.tolist())
+    return {"received": gathered, "expected": [c.tolist() for c in torch.chunk(full, env.world_size, dim=1)]}
+
+
 def main() -> None:
     settings_path, job, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
+    if job == "scatter":
+        env = init_distributed(600)
+        result = job_scatter(env)
+        if env.rank == 0:
+            Path(out_path).write_text(json.dumps(result))
+        close_distributed()
+        return
     settings = TrainerSettings.model_validate_json(Path(settings_path).read_text())
     if os.environ.get("RANK") == "1" and os.environ.get("TANDEM_TEST_RANK1_CACHE"):
         # a rank whose cache directory is not the one rank 0 sees (as on a machine without the shared disk)
@@ -95,6 +146,10 @@ def main() -> None:
         result = job_logits(backend, settings.model_name)
     elif job.startswith("step"):
         result = job_step(backend, int(job[4:] or 1))
+    elif job == "checkpoint":
+        result = job_checkpoint(backend, Path(out_path).with_suffix(".ckpt"))
+    elif job.startswith("bench"):
+        result = job_bench(backend, int(job[5:] or 5))
     elif job == "export":
         result = job_export(backend, settings.model_name)
     else:

@@ -73,7 +73,7 @@ class MegatronBackend:
             dtype = compute_dtype(cfg, settings.dtype)
             self._config = transformer_config(self.arch, cfg, dtype)
             self._model = build_gpt_model(self.arch, self._config, self.layout)
-            self.conversion = load_weights(self._model, self.arch, self.layout, settings.model_name, rank=self.rank,
+            self.conversion, self.conversion_s = load_weights(self._model, self.arch, self.layout, settings.model_name, rank=self.rank,
                                            group=env.cpu_group, log=self._log)
             self._ddp = wrap_ddp(self._model, self._config, cfg)
             self._config.no_sync_func = self._ddp.no_sync

@@ -18,10 +18,11 @@ from trainer_svc.backends.megatron.model import Layout, shard_of
 
 
 def load_weights(model: torch.nn.Module, arch: Arch, layout: Layout, model_dir: str, *, rank: int,
-                 group: dist.ProcessGroup, log: Any) -> str:
+                 group: dist.ProcessGroup, log: Any) -> tuple[str, float]:
     """Fill `model` (this rank's stage) from the cache, converting first if needed.
 
-    Collective. Returns "cached" when the entry existed, "converted" when this call made it.
+    Collective. Returns ("cached", load seconds) when the entry existed, ("converted",
+    convert + save seconds) when this call made it.
     """
     from megatron.core import dist_checkpointing
 
@@ -32,8 +33,9 @@ def load_weights(model: torch.nn.Module, arch: Arch, layout: Layout, model_dir: 
         start = time.perf_counter()
         state = dist_checkpointing.load(model.sharded_state_dict(), str(entry))
         model.load_state_dict(state)
-        log.info("megatron_checkpoint_cache_hit", entry=str(entry), seconds=round(time.perf_counter() - start, 3))
-        return "cached"
+        seconds = time.perf_counter() - start
+        log.info("megatron_checkpoint_cache_hit", entry=str(entry), seconds=round(seconds, 3))
+        return "cached", seconds
     start = time.perf_counter()
     converted = hf_to_megatron(read_hf_tensors(model_dir), arch, shard_of(arch, layout))
     _assign(model, converted)
@@ -43,9 +45,9 @@ def load_weights(model: torch.nn.Module, arch: Arch, layout: Layout, model_dir: 
     cache.publish_entry(tmp, entry, {"source": str(Path(model_dir).resolve()), "family": arch.family,
                                      "padded_vocab": arch.padded_vocab(layout.tp_size),
                                      "format": cache.FORMAT_VERSION}, rank, group)
-    log.info("megatron_checkpoint_converted", entry=str(entry), convert_s=round(convert_s, 3),
-             total_s=round(time.perf_counter() - start, 3))
-    return "converted"
+    total_s = time.perf_counter() - start
+    log.info("megatron_checkpoint_converted", entry=str(entry), convert_s=round(convert_s, 3), total_s=round(total_s, 3))
+    return "converted", total_s
 
 
 def _assign(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
