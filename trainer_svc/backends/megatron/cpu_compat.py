@@ -11,10 +11,12 @@ megatron-core assumes CUDA in a handful of places. Each patch below, and why:
 2. `torch.cuda.current_device()` is used as a device argument (rotary `inv_freq`, the global
    memory buffer of attention, TP communication buffers): it returns "cpu".
 3. Tensors created with `device="cuda"` (the schedules' token counters, optimizer and
-   grad-scaler scalars, clip-grad norms, the default causal mask) and `Tensor.cuda()`: a
-   `TorchFunctionMode` rewrites CUDA devices to CPU and makes `.cuda()` return the tensor.
-   The mode is thread-local, so `active()` wraps every backend call (the gRPC server runs
-   the engine in a worker thread).
+   grad-scaler scalars, clip-grad norms) and `Tensor.cuda()`: a `TorchFunctionMode` rewrites
+   CUDA devices to CPU and makes `.cuda()` return the tensor. The mode is thread-local, so
+   `active()` wraps every backend call (the gRPC server runs the engine in a worker thread).
+   The default causal mask (`device="cuda"`) is also built during activation recomputation,
+   inside autograd's backward where the mode is not active: `get_default_causal_mask` is
+   replaced (in `transformer.utils` and in `fused_softmax`, which imported it by name).
 4. dtype checks written as `tensor.type() == 'torch.cuda.FloatTensor'` (optimizer setup,
    distributed optimizer, clip-grad's zero counter): under the mode `Tensor.type()` with no
    argument reports the CUDA type name of the tensor's dtype.
@@ -59,6 +61,7 @@ def install() -> None:
     _patch_cuda_runtime()
     _patch_scatter()
     _patch_torch_norm()
+    _patch_causal_mask()
     _INSTALLED = True
 
 
@@ -184,3 +187,13 @@ def _patch_torch_norm() -> None:
         return norm
 
     torch_norm.WrappedTorchNorm.__new__ = new
+
+
+def _patch_causal_mask() -> None:
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils
+
+    def causal_mask(sq: int) -> torch.Tensor:
+        return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+    utils.get_default_causal_mask = fused_softmax.get_default_causal_mask = causal_mask
