@@ -14,7 +14,7 @@ Layout facts (megatron-core local spec):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -201,7 +201,7 @@ def hf_names_in_order(arch: Arch) -> list[str]:
     return names
 
 
-def read_hf_tensors(model_dir: str) -> Mapping[str, torch.Tensor] | Callable[[str], torch.Tensor]:
+def read_hf_tensors(model_dir: str) -> Callable[[str], torch.Tensor]:
     """A getter over the checkpoint's safetensors files (tensors read lazily, as float32)."""
     from pathlib import Path
 
