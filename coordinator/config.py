@@ -1,14 +1,12 @@
 """The experiment configuration: one YAML file in NeMo-RL's schema, plus dotted overrides.
 
 Parsed once into pydantic models that forbid unknown keys, so a typo is an error naming the
-key. Sections: policy.*, grpo.*, sft.*, loss_fn.*, data.*, env.*, cluster.*,
-checkpointing.*, logger.*. Each service later gets only its own section (see launcher.py).
+key. Sections: policy.* (config_policy.py), dpo.* and rm.* (config_preference.py), grpo.*,
+sft.*, loss_fn.*, data.*, env.*, cluster.*, checkpointing.*, logger.*. Each service later gets only its own section (see launcher.py).
 """
 
 from __future__ import annotations
 
-import warnings
-from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,11 +16,19 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
-from coordinator.config_preference import Algorithm, DPOConfig, RewardModelCfg, RMConfig, resolve_algorithm
+from coordinator.config_policy import (
+    PolicyConfig,
+    TrainingBackend,
+)
+from coordinator.config_preference import (
+    Algorithm,
+    DPOConfig,
+    RMConfig,
+    resolve_algorithm,
+)
 from reward_svc.config import SandboxLimits, ScorerName
 from trainer_svc.types import GrpoLossConfig
 
@@ -33,159 +39,6 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class OptimizerKwargs(_Section):
-    lr: float = Field(2e-4, gt=0)
-    """GRPO learning rate; 5e-4 and above destabilise the embedded demo (benchmarks/calibrate_embedded.py)."""
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-
-
-class OptimizerConfig(_Section):
-    name: Literal["adamw", "torch.optim.AdamW"] = "adamw"
-    kwargs: OptimizerKwargs = OptimizerKwargs()
-
-
-class DTensorConfig(_Section):
-    """policy.dtensor_cfg: trainer_svc/config.py DTensorSettings states each key's meaning."""
-
-    enabled: bool = True
-    """Train with the DTensor/FSDP2 backend."""
-    activation_checkpointing: bool = False
-    tensor_parallel_size: int = Field(1, ge=1)
-    """Must divide cluster.trainer_ranks; the rest of the ranks is data parallel (FSDP)."""
-    sequence_parallel: bool = False
-    """Needs tensor_parallel_size > 1."""
-    context_parallel_size: Literal[1] = 1
-    """Context parallelism is not available in the DTensor backend: only 1."""
-    cpu_offload: bool = False
-    """Parameters, gradients and optimizer state in host memory between uses (FSDP2 CPU offload)."""
-
-
-class SequencePackingConfig(_Section):
-    """policy.sequence_packing: several samples per micro-batch row, no attention across them
-    (trainer_svc/batching.py); micro-batches are then cut by token budget, not sample count."""
-
-    enabled: bool = False
-    train_mb_tokens: int = Field(2048, gt=0)
-    """Most tokens per training micro-batch."""
-    logprob_mb_tokens: int = Field(2048, gt=0)
-    """Most tokens per logprob micro-batch."""
-    algorithm: Literal["first_fit_decreasing", "concatenative"] = "first_fit_decreasing"
-
-
-class MegatronConfig(_Section):
-    enabled: bool = False
-    """Train with Megatron-core (wins over dtensor_cfg when both are enabled). Not built yet."""
-
-
-class TrainingBackend(str, Enum):
-    """The training backend, resolved once at load (nothing downstream re-reads the flags)."""
-
-    DTENSOR = "dtensor"
-    MEGATRON = "megatron"
-
-
-def resolve_backend(dtensor: DTensorConfig, megatron: MegatronConfig) -> TrainingBackend:
-    """NeMo-RL's rule: Megatron when policy.megatron_cfg.enabled (with a warning if DTensor is
-    enabled too), else DTensor when policy.dtensor_cfg.enabled, else an error naming both keys."""
-    if megatron.enabled:
-        if dtensor.enabled:
-            warnings.warn("policy.megatron_cfg.enabled and policy.dtensor_cfg.enabled are both true: "
-                          "Megatron takes precedence", stacklevel=2)
-        raise ValueError("policy.megatron_cfg.enabled: the Megatron-core backend is not available yet; "
-                         "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true")
-    if dtensor.enabled:
-        return TrainingBackend.DTENSOR
-    raise ValueError("no training backend enabled: set policy.dtensor_cfg.enabled=true "
-                     "(or policy.megatron_cfg.enabled=true once Megatron is available)")
-
-
-class VllmConfig(_Section):
-    max_model_len: int = Field(64, gt=0)
-    """Longest prompt + completion the engine admits."""
-    max_num_seqs: int = Field(256, gt=0)
-    """Sequences one generator runs at once (its capacity)."""
-    kv_cache_space_gib: int = Field(1, ge=1)
-    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
-    enforce_eager: bool = True
-    tensor_parallel_size: Literal[1] = 1
-
-
-class ColocatedResourcesConfig(_Section):
-    """Devices of the dedicated generators (colocated.enabled: false) on a cluster; local runs
-    place every service on this host, so only null is meaningful there."""
-
-    gpus_per_node: int | None = Field(None, ge=0)
-    num_nodes: int | None = Field(None, ge=1)
-
-
-class ColocatedConfig(_Section):
-    """policy.generation.colocated: generators on the trainer's devices (weights by shared
-    memory on the host, CUDA IPC on GPUs) or dedicated ones (weights by the weight-sync group)."""
-
-    enabled: bool = False
-    resources: ColocatedResourcesConfig = ColocatedResourcesConfig()
-
-    @model_validator(mode="after")
-    def _resources_for_dedicated_only(self) -> ColocatedConfig:
-        if self.resources != ColocatedResourcesConfig():
-            if self.enabled:
-                raise ValueError("policy.generation.colocated.resources are the devices of dedicated generators; "
-                                 "with colocated.enabled: true leave them null")
-            warnings.warn("policy.generation.colocated.resources is ignored by local runs: every service runs on "
-                          "this host (cluster.num_generators sets how many generators)", stacklevel=2)
-        return self
-
-
-class GenerationConfig(_Section):
-    backend: Literal["vllm"] = "vllm"
-    colocated: ColocatedConfig = ColocatedConfig()
-    max_new_tokens: int = Field(4, gt=0)
-    """Completion budget: 3 digits + EOS for the embedded task."""
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int | None = None
-    vllm_cfg: VllmConfig = VllmConfig()
-
-
-class PolicyConfig(_Section):
-    model_name: str | None = None
-    """HF checkpoint directory. None: the embedded tiny model (built once, cached)."""
-    train_global_batch_size: int = Field(128, gt=0)
-    """Samples per optimizer step."""
-    train_micro_batch_size: int = Field(64, gt=0)
-    """Samples per forward/backward on one trainer rank."""
-    logprob_batch_size: int = Field(64, gt=0)
-    max_total_sequence_length: int = Field(64, gt=0)
-    precision: Literal["float32", "bfloat16"] = "float32"
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    optimizer: OptimizerConfig = OptimizerConfig()
-    dtensor_cfg: DTensorConfig = DTensorConfig()
-    megatron_cfg: MegatronConfig = MegatronConfig()
-    sequence_packing: SequencePackingConfig = SequencePackingConfig()
-    generation: GenerationConfig = GenerationConfig()
-    reward_model_cfg: RewardModelCfg = RewardModelCfg()
-    """Train a scalar-head reward model (with an rm section)."""
-    backend: TrainingBackend | None = Field(None, exclude=True)
-    """Resolved from dtensor_cfg/megatron_cfg at load; not a key to set."""
-
-    @model_validator(mode="after")
-    def _resolve_backend(self) -> PolicyConfig:
-        if self.backend is not None:
-            raise ValueError("policy.backend is derived from dtensor_cfg.enabled / megatron_cfg.enabled; remove it")
-        object.__setattr__(self, "backend", resolve_backend(self.dtensor_cfg, self.megatron_cfg))
-        return self
-
-    @field_validator("model_name")
-    @classmethod
-    def _model_dir_exists(cls, value: str | None) -> str | None:
-        if value is not None and not (Path(value) / "config.json").is_file():
-            raise ValueError(f"{value!r} is not a Hugging Face checkpoint directory (no config.json); "
-                             "give one, or leave policy.model_name unset for the embedded tiny model")
-        return value
 
 
 class LossConfig(_Section):
@@ -412,6 +265,9 @@ class ExperimentConfig(_Section):
         if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
                              f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
+        if not self.algorithm.uses_rollouts and self.policy.backend is TrainingBackend.MEGATRON:
+            raise ValueError(f"{self.algorithm.value} runs train on the DTensor backend only for now; set "
+                             "policy.megatron_cfg.enabled=false (and policy.dtensor_cfg.enabled=true)")
         if not self.algorithm.uses_rollouts and self.policy.sequence_packing.enabled:
             raise ValueError(f"policy.sequence_packing.enabled is not supported for {self.algorithm.value} runs "
                              "(packing regroups samples and would split (chosen, rejected) pairs); set it to false")

@@ -26,6 +26,7 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
         "dtensor_cfg": policy.dtensor_cfg.model_dump(),
         "sequence_packing": policy.sequence_packing.model_dump(),
         "reward_model_cfg": policy.reward_model_cfg.model_dump(),
+        "megatron_cfg": policy.megatron_cfg.model_dump(),
         "weight_sync_host": cfg.cluster.host,
     })
 

@@ -1,7 +1,7 @@
 """Settings of the trainer service (`--settings trainer.json`), validated once at start.
 
 Field names follow NeMo-RL's `policy.*` keys where one exists (`model_name`,
-`max_grad_norm`, `optimizer`, `dtensor_cfg.*`). Unknown keys are errors.
+`max_grad_norm`, `optimizer`, `dtensor_cfg.*`, `megatron_cfg.*`). Unknown keys are errors.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainer_svc.backends.megatron.settings import MegatronSettings  # pydantic only: no torch, no megatron
 
 
 class _Strict(BaseModel):
@@ -34,7 +36,7 @@ class DTensorSettings(_Strict):
     ranks; tensor parallel over "tp", every decoder layer and the root `fully_shard`ed over "dp"."""
 
     enabled: bool = True
-    """Use this backend; it is the only one this service implements."""
+    """Use this backend (megatron_cfg.enabled wins when both are set)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (non-reentrant)."""
     tensor_parallel_size: int = Field(1, ge=1)
@@ -106,6 +108,8 @@ class TrainerSettings(_Strict):
     """Reward-model training (a sequence classifier instead of a causal LM)."""
     sequence_packing: SequencePackingSettings = SequencePackingSettings()
     """Sequence packing of micro-batches."""
+    megatron_cfg: MegatronSettings = MegatronSettings()
+    """Megatron-core backend settings (NeMo-RL's `policy.megatron_cfg`)."""
     weight_sync_host: str = "127.0.0.1"
     """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
     weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)
@@ -117,10 +121,14 @@ class TrainerSettings(_Strict):
 
     @model_validator(mode="after")
     def _backend_chosen(self) -> TrainerSettings:
-        if not self.dtensor_cfg.enabled:
-            raise ValueError("dtensor_cfg.enabled is false, but the DTensor backend is the only one "
-                             "trainer_svc implements: set dtensor_cfg.enabled=true")
+        if not (self.dtensor_cfg.enabled or self.megatron_cfg.enabled):
+            raise ValueError("no training backend enabled: set dtensor_cfg.enabled=true or megatron_cfg.enabled=true")
         return self
+
+    @property
+    def backend(self) -> Literal["dtensor", "megatron"]:
+        """Megatron when megatron_cfg.enabled (NeMo-RL's precedence), else DTensor."""
+        return "megatron" if self.megatron_cfg.enabled else "dtensor"
 
 
 def load_settings(path: str | Path) -> TrainerSettings:

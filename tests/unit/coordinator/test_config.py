@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from coordinator.config import ConfigError, load_config
@@ -69,12 +71,30 @@ def test_no_backend_enabled_names_both_keys():
         load_config(overrides=["policy.dtensor_cfg.enabled=false"])
 
 
-def test_megatron_wins_with_a_warning_and_is_refused_until_built():
+def test_megatron_wins_with_a_warning_when_both_are_enabled():
+    from coordinator.config import TrainingBackend
+
     with pytest.warns(UserWarning, match="Megatron takes precedence"):
-        with pytest.raises(ConfigError, match="megatron_cfg.enabled: the Megatron-core backend is not available"):
-            load_config(overrides=["policy.megatron_cfg.enabled=true"])
+        cfg = load_config(overrides=["policy.megatron_cfg.enabled=true"])
+    assert cfg.policy.backend is TrainingBackend.MEGATRON
+
+
+def test_megatron_alone_needs_no_warning(recwarn):
+    from coordinator.config import TrainingBackend
+
+    cfg = load_config(overrides=["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"])
+    assert cfg.policy.backend is TrainingBackend.MEGATRON
+    assert not [w for w in recwarn if "precedence" in str(w.message)]
 
 
 def test_backend_is_not_a_settable_key():
     with pytest.raises(ConfigError, match="policy.backend is derived"):
         load_config(overrides=["policy.backend=dtensor"])
+
+
+def test_megatron_refuses_what_only_dtensor_implements():
+    with pytest.raises(ConfigError, match=r"sequence_packing is implemented by the DTensor backend only"):
+        load_config(overrides=["policy.megatron_cfg.enabled=true", "policy.sequence_packing.enabled=true"])
+    recipes = Path(__file__).resolve().parents[3] / "examples" / "configs"
+    with pytest.raises(ConfigError, match=r"dpo runs train on the DTensor backend only"):
+        load_config(recipes / "dpo.yaml", ["policy.megatron_cfg.enabled=true"])

@@ -1,0 +1,165 @@
+"""Run under torchrun by the Megatron tests: builds a real backend (Megatron or DTensor) on
+every rank, runs one job and writes rank 0's results as JSON.
+
+    torchrun --nproc-per-node N -m tests.megatron.worker SETTINGS_JSON JOB OUT_JSON
+Jobs: logits (Megatron logits vs the HF model's on a fixed batch), step (GRPO train steps on
+a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the checkpoint's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import structlog
+
+from trainer_svc.backends import build_backend
+from trainer_svc.config import TrainerSettings
+from trainer_svc.distributed import close_distributed, init_distributed
+from trainer_svc.types import GrpoLossConfig, Sample
+
+
+def fixed_samples(vocab_size: int, n: int = 8) -> list[Sample]:
+    """Deterministic GRPO samples of varying lengths (prompt 3-5 tokens, completion 2-6)."""
+    gen = torch.Generator().manual_seed(1234)
+    samples = []
+    for i in range(n):
+        prompt, completion = 3 + i % 3, 2 + (i * 3) % 5
+        ids = torch.randint(4, vocab_size, (prompt + completion,), generator=gen).tolist()
+        gen_lp = (-torch.rand(completion, generator=gen) * 3).tolist()
+        samples.append(Sample(ids, prompt, generation_logprobs=gen_lp, advantage=float(i % 4) - 1.5))
+    return samples
+
+
+def job_logits(backend, model_dir: str) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from trainer_svc.backends.megatron import cpu_compat
+
+    samples = fixed_samples(backend.vocab_size)
+    batches = backend._micro_batches(samples, len(samples), 1, backend._width(samples))
+    captured = {}
+
+    def loss_func(batch, output):
+        captured["logits"] = backend._logits(output).detach()
+        return output.sum() * 0.0, torch.tensor(1), {}
+
+    with cpu_compat.active(), torch.no_grad():
+        backend._model.eval()
+        backend._schedule(batches, loss_func, forward_only=True)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(input_ids=batches[0].input_ids).logits.float()
+    diff = (captured["logits"] - expected).abs().max().item() if "logits" in captured else None
+    return {"max_abs_diff": diff, "max_abs_logit": expected.abs().max().item(), "conversion": backend.conversion}
+
+
+def job_step(backend, num_steps: int) -> dict:
+    samples = fixed_samples(backend.vocab_size)
+    loss = GrpoLossConfig(reference_policy_kl_penalty=0.01)
+    logprobs = backend.compute_logprobs(samples, "current", 2)
+    out = {"logprobs": logprobs, "steps": []}
+    for _ in range(num_steps):
+        result = backend.train_step(samples, loss, 8, 2, None)
+        out["steps"].append(result.metrics)
+    out["conversion"] = getattr(backend, "conversion", None)
+    return out
+
+
+def job_checkpoint(backend, directory: Path) -> dict:
+    """Loss of the step after a save, then again after loading that save: equal when the
+    model, optimizer, scheduler and RNG all round-trip."""
+    samples = fixed_samples(backend.vocab_size)
+    loss = GrpoLossConfig(reference_policy_kl_penalty=0.01)
+    backend.train_step(samples, loss, 8, 2, None)
+    backend.save_checkpoint(directory)
+    after_save = [backend.train_step(samples, loss, 8, 2, None).metrics for _ in range(2)]
+    step = backend.load_checkpoint(directory)
+    after_load = [backend.train_step(samples, loss, 8, 2, None).metrics for _ in range(2)]
+    return {"restored_step": step, "after_save": after_save, "after_load": after_load}
+
+
+def job_bench(backend, num_steps: int) -> dict:
+    """Wall time of GRPO train steps on the fixed batch (the first one is warm-up)."""
+    import time
+
+    samples = fixed_samples(backend.vocab_size, 16)
+    loss = GrpoLossConfig()
+    times = []
+    for _ in range(num_steps + 1):
+        start = time.perf_counter()
+        backend.train_step(samples, loss, 16, 4, None)
+        times.append(time.perf_counter() - start)
+    return {"step_s": sorted(times[1:])[len(times[1:]) // 2], "conversion": getattr(backend, "conversion", None),
+            "conversion_s": getattr(backend, "conversion_s", None)}
+
+
+def job_export(backend, model_dir: str) -> dict:
+    from safetensors.torch import load_file
+
+    state = backend.gather_hf_state_dict()
+    if state is None:
+        return {}
+    source = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        source.update(load_file(str(f)))
+    return {"names_equal": sorted(state) == sorted(backend.hf_tensor_shapes),
+            "max_abs_diff": max((state[n].float() - source[n].float()).abs().max().item() for n in state),
+            "missing_from_source": sorted(set(state) - set(source))}
+
+
+def job_scatter(env) -> dict:
+    """gloo scatter of non-contiguous chunks, with the CPU compatibility layer installed."""
+    import torch.distributed as dist
+
+    from trainer_svc.backends.megatron import cpu_compat
+
+    cpu_compat.install()
+    full = torch.arange(8.0).reshape(2, 4)
+    chunks = list(torch.chunk(full, env.world_size, dim=1)) if env.rank == 0 else None
+    out = torch.empty(2, 4 // env.world_size)
+    dist.scatter(out, chunks, src=0)
+    gathered = [None] * env.world_size
+    dist.all_gather_object(gathered, out.tolist())
+    return {"received": gathered, "expected": [c.tolist() for c in torch.chunk(full, env.world_size, dim=1)]}
+
+
+def main() -> None:
+    settings_path, job, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
+    if job == "scatter":
+        env = init_distributed(600)
+        result = job_scatter(env)
+        if env.rank == 0:
+            Path(out_path).write_text(json.dumps(result))
+        close_distributed()
+        return
+    settings = TrainerSettings.model_validate_json(Path(settings_path).read_text())
+    if os.environ.get("RANK") == "1" and os.environ.get("TANDEM_TEST_RANK1_CACHE"):
+        # a rank whose cache directory is not the one rank 0 sees (as on a machine without the shared disk)
+        os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = os.environ["TANDEM_TEST_RANK1_CACHE"]
+    env = init_distributed(600)
+    backend = build_backend(settings, env)
+    if job == "logits":
+        result = job_logits(backend, settings.model_name)
+    elif job.startswith("step"):
+        result = job_step(backend, int(job[4:] or 1))
+    elif job == "checkpoint":
+        result = job_checkpoint(backend, Path(out_path).with_suffix(".ckpt"))
+    elif job.startswith("bench"):
+        result = job_bench(backend, int(job[5:] or 5))
+    elif job == "export":
+        result = job_export(backend, settings.model_name)
+    else:
+        raise SystemExit(f"unknown job {job}")
+    if env.rank == 0:
+        Path(out_path).write_text(json.dumps(result))
+    structlog.get_logger().info("worker_done", rank=env.rank)
+    backend.close()
+    close_distributed()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""MegatronBackend: the `TrainerBackend` contract (see `trainer_svc.interfaces`) on a
+megatron-core GPTModel with tensor, pipeline and data parallelism.
+
+Same losses, logprob alignment, metrics and global normalisation as the DTensor backend:
+- Every micro-batch of a call is padded to the same rows and width (Megatron's pipeline
+  schedules exchange fixed-shape activations); padding rows have an all-zero loss mask.
+- The model returns full-vocabulary logits (`parallel_output=False` gathers the TP shards;
+  the gather's backward splits the gradient again), so `trainer_svc.losses` applies as is.
+- `calculate_per_token_loss` keeps Megatron from rescaling the loss by the number of
+  micro-batches, and gradients are SUMMED over data-parallel ranks, while each micro-batch
+  loss is already divided by the step's global token count.
+- Metrics come from the last pipeline stage's first TP rank of every data-parallel replica.
+The reference policy is a copy of the initial weights swapped in (in place) for reference passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+import structlog
+import torch
+import torch.distributed as dist
+
+from trainer_svc.backends.megatron import checkpoint, cpu_compat
+from trainer_svc.backends.megatron.convert import Arch, hf_shapes
+from trainer_svc.backends.megatron.model import (
+    OptimizerDefaults,
+    build_gpt_model,
+    build_optimizer,
+    check_supported,
+    compute_dtype,
+    destroy_model_parallel,
+    init_model_parallel,
+    transformer_config,
+    wrap_ddp,
+)
+from trainer_svc.backends.megatron.weights import iter_hf_tensors, load_weights
+from trainer_svc.batching import MicroBatch, collate, completion_logprobs, count_loss_tokens, optimizer_steps, rank_shard
+from trainer_svc.config import TrainerSettings
+from trainer_svc.distributed import DistEnv
+from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_sequences, masked_entropy_sum
+from trainer_svc.types import LossConfig, Policy, Sample, StepResult
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class MegatronBackend:
+    """A local-spec GPTModel converted from the HF checkpoint, trained with Megatron's schedules."""
+
+    backend_kind = "megatron"
+
+    def __init__(self, settings: TrainerSettings, env: DistEnv, log=None):
+        from transformers import AutoConfig
+
+        self._log = log or structlog.get_logger()
+        self._env = env
+        self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
+        cfg = settings.megatron_cfg
+        if not (Path(settings.model_name) / "config.json").is_file():
+            raise ValueError(f"model_name {settings.model_name!r} is not an HF checkpoint directory (no config.json)")
+        hf_config = AutoConfig.from_pretrained(settings.model_name)
+        self.arch = Arch.from_hf_config(hf_config)
+        check_supported(cfg, self.arch, env.world_size, on_gpu=not cpu_compat.needed())
+        torch.manual_seed(settings.seed)
+        with cpu_compat.active():
+            self.layout = init_model_parallel(cfg, settings.seed)
+            dtype = compute_dtype(cfg, settings.dtype)
+            self._config = transformer_config(self.arch, cfg, dtype)
+            self._model = build_gpt_model(self.arch, self._config, self.layout)
+            self.conversion, self.conversion_s = load_weights(self._model, self.arch, self.layout, settings.model_name, rank=self.rank,
+                                           group=env.cpu_group, log=self._log)
+            self._ddp = wrap_ddp(self._model, self._config, cfg)
+            self._config.no_sync_func = self._ddp.no_sync
+            self._config.finalize_model_grads_func = _finalize_summed
+            opt = settings.optimizer
+            defaults = OptimizerDefaults(opt.lr, opt.weight_decay, opt.betas, opt.eps, settings.max_grad_norm)
+            self._optimizer, self._scheduler = build_optimizer(self._ddp, cfg, defaults, dtype)
+        self._sequence_multiple = self.layout.tp_size if cfg.sequence_parallel else 1
+        self._params = [p for p in self._model.parameters()]
+        with torch.no_grad():
+            self._reference = [p.detach().clone() for p in self._params]
+        self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
+        self.vocab_size = self.arch.vocab_size
+        self.hf_tensor_shapes = hf_shapes(self.arch)
+        self.num_parameters = sum(math.prod(s) for s in self.hf_tensor_shapes.values())
+        dtype_name = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
+        self.checkpoint_dtype = getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name
+        self.global_step = 0
+
+    # ------------------------------------------------------------------ batches
+
+    @property
+    def _contributes(self) -> bool:
+        """This rank's loss outputs are counted (one rank per data-parallel replica)."""
+        return self.layout.is_last_stage and self.layout.tp_rank == 0
+
+    def _micro_batches(self, samples: Sequence[Sample], micro_batch_size: int, num_micro: int,
+                       width: int) -> list[MicroBatch]:
+        """`num_micro` micro-batches of exactly `micro_batch_size` rows and `width` tokens."""
+        filler = Sample((self._pad_id, self._pad_id), 1)
+        out = []
+        for i in range(num_micro):
+            chunk = list(samples[i * micro_batch_size:(i + 1) * micro_batch_size])
+            real = len(chunk)
+            batch = collate(chunk + [filler] * (micro_batch_size - real), self._pad_id, self.device)
+            out.append(_pad(batch, width, real, self._pad_id))
+        return out
+
+    def _width(self, samples: Sequence[Sample]) -> int:
+        width = max(len(s.token_ids) for s in samples)
+        return _ceil_div(width, self._sequence_multiple) * self._sequence_multiple
+
+    def _schedule(self, batches: list[MicroBatch], loss_func, *, forward_only: bool) -> list:
+        """Run Megatron's forward(-backward) schedule over `batches`; the last stage gets the loss outputs."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        feed = iter(batches)
+
+        def forward_step(data_iterator, model):
+            batch = next(data_iterator)
+            ids = batch.input_ids
+            positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+            return model(ids, positions, None), partial(loss_func, batch)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=feed, model=[self._ddp], num_microbatches=len(batches),
+            seq_length=batches[0].input_ids.shape[1], micro_batch_size=batches[0].input_ids.shape[0],
+            forward_only=forward_only)
+
+    def _logits(self, output: torch.Tensor) -> torch.Tensor:
+        return output[..., :self.vocab_size].float()
+
+    # ------------------------------------------------------------------ logprobs
+
+    def _score_batches(self, batches: list[MicroBatch]) -> list[torch.Tensor | None]:
+        """[B, T-1] logprobs per micro-batch on the last stage (None elsewhere)."""
+        def loss_func(batch, output):
+            logits = self._logits(output)
+            logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1))
+            return output.sum() * 0.0, torch.tensor(1), {"logprobs": logp.squeeze(-1).detach()}
+
+        self._model.eval()
+        with torch.no_grad():
+            out = self._schedule(batches, loss_func, forward_only=True)
+        self._model.train()
+        return [o["logprobs"] for o in out] if self.layout.is_last_stage else [None] * len(batches)
+
+    def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
+                         micro_batch_size: int) -> list[list[float]] | None:
+        with cpu_compat.active():
+            dp, dp_rank = self.layout.dp_size, self.layout.dp_rank
+            shard = rank_shard(samples, dp_rank, dp)
+            num_micro = _ceil_div(_ceil_div(len(samples), dp), micro_batch_size)
+            batches = self._micro_batches(shard, micro_batch_size, num_micro, self._width(samples))
+            with self._policy_weights(policy):
+                scored = self._score_batches(batches)
+            results: list[list[float]] = []
+            if self._contributes:
+                for batch, logp in zip(batches, scored):
+                    results.extend(completion_logprobs(logp, batch))  # the real rows only (see _pad)
+            gathered: list | None = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object((dp_rank, self._contributes, results), gathered, dst=0, group=self._env.cpu_group)
+        if gathered is None:
+            return None
+        parts = sorted((d, r) for d, source, r in gathered if source)
+        return [row for _, part in parts for row in part]
+
+    @contextmanager
+    def _policy_weights(self, policy: Policy) -> Iterator[None]:
+        if policy == "current":
+            yield
+            return
+        self._swap_reference()
+        try:
+            yield
+        finally:
+            self._swap_reference()
+
+    @torch.no_grad()
+    def _swap_reference(self) -> None:
+        for param, ref in zip(self._params, self._reference):
+            tmp = param.detach().clone()
+            param.detach().copy_(ref)
+            ref.copy_(tmp)
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
+                   micro_batch_size: int, learning_rate: float | None) -> StepResult:
+        with cpu_compat.active():
+            loss_fn = build_loss_fn(loss)
+            dp, dp_rank = self.layout.dp_size, self.layout.dp_rank
+            width = self._width(samples)
+            steps = optimizer_steps(samples, global_batch_size)
+            num_micro = _ceil_div(_ceil_div(global_batch_size, dp), micro_batch_size)
+            local = [self._micro_batches(rank_shard(step, dp_rank, dp), micro_batch_size, num_micro, width)
+                     for step in steps]
+            prev = [self._score_batches(b) for b in local] if loss_fn.needs_previous_logprobs else None
+            ref = None
+            if loss_fn.needs_reference_logprobs:
+                with self._policy_weights("reference"):
+                    ref = [self._score_batches(b) for b in local]
+            per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step), count_loss_sequences(step),
+                                             prev[s] if prev else None, ref[s] if ref else None, learning_rate)
+                        for s, (step, batches) in enumerate(zip(steps, local))]
+        metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
+        metrics["num_tokens"] = float(sum(m["num_tokens"] for m in per_step))
+        return StepResult(metrics, self.global_step)
+
+    def _optimizer_step(self, batches: list[MicroBatch], loss_fn: LossFn, num_tokens: int, num_sequences: int,
+                        prev: list | None, ref: list | None, learning_rate: float | None) -> dict[str, float]:
+        index = {id(b): i for i, b in enumerate(batches)}
+
+        def loss_func(batch, output):
+            i = index[id(batch)]
+            logits = self._logits(output)
+            curr = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None, batch.generation_logprobs,
+                                ref[i] if ref else None)
+            out = loss_fn(curr, inputs, num_tokens, num_sequences)
+            metrics = {**{k: v.detach().float() for k, v in out.metrics.items()},
+                       "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}
+            return out.loss, torch.tensor(1), metrics
+
+        self._model.train()
+        self._ddp.zero_grad_buffer()
+        self._optimizer.zero_grad()
+        outputs = self._schedule(batches, loss_func, forward_only=False)
+        if learning_rate is not None:
+            for group in self._optimizer.param_groups:
+                group["lr"] = learning_rate
+        lr = float(self._optimizer.param_groups[0]["lr"])
+        _, grad_norm, _ = self._optimizer.step()
+        self._scheduler.step(increment=1)
+        self.global_step += 1
+        sums: dict[str, float] = {}
+        if self._contributes:
+            for out in outputs:
+                for name, value in out.items():
+                    sums[name] = sums.get(name, 0.0) + float(value)
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, sums, group=self._env.cpu_group)
+        metrics: dict[str, float] = {}
+        for part in parts:
+            for name, value in part.items():
+                metrics[name] = metrics.get(name, 0.0) + value
+        metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, num_tokens=float(num_tokens))
+        return metrics
+
+    # ------------------------------------------------------------------ state
+
+    def iter_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective generator of full HF tensors on rank 0 (see `weights.iter_hf_tensors`)."""
+        from megatron.core import parallel_state as ps
+
+        with cpu_compat.active():
+            yield from iter_hf_tensors(self._model, self.arch, self.layout,
+                                       tp_group=ps.get_tensor_model_parallel_group(), rank=self.rank,
+                                       tp_times_dp=self.layout.tp_size * self.layout.dp_size)
+
+    def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        state = dict(self.iter_hf_tensors())
+        return state if self.rank == 0 else None
+
+    def save_checkpoint(self, path: Path) -> None:
+        with cpu_compat.active():
+            checkpoint.save_checkpoint(path, self._ddp, self._optimizer, self._scheduler, rank=self.rank,
+                                       world_size=self.world_size, global_step=self.global_step)
+        dist.barrier(group=self._env.cpu_group)
+
+    def load_checkpoint(self, path: Path) -> int:
+        if not checkpoint.is_checkpoint(path):
+            raise ValueError(f"no trainer checkpoint at {path}")
+        with cpu_compat.active():
+            self.global_step = checkpoint.load_checkpoint(path, self._ddp, self._optimizer, self._scheduler,
+                                                          rank=self.rank)
+        return self.global_step
+
+    def close(self) -> None:
+        self._reference.clear()
+        destroy_model_parallel()
+
+
+def _finalize_summed(model, num_tokens=None, *args, **kwargs):
+    """Megatron's finalize without the per-token rescale: the losses are already globally normalised."""
+    from megatron.core.distributed import finalize_model_grads
+
+    return finalize_model_grads(model, None, *args, **kwargs)
+
+
+def _pad(batch: MicroBatch, width: int, real_rows: int, pad_id: int) -> MicroBatch:
+    """Widen to `width` tokens and zero the loss mask of the filler rows past `real_rows`."""
+    extra = width - batch.input_ids.shape[1]
+    pad2 = (0, extra)
+    mask = torch.nn.functional.pad(batch.mask, pad2)
+    mask[real_rows:] = 0.0
+    return MicroBatch(torch.nn.functional.pad(batch.input_ids, pad2, value=pad_id), mask,
+                      torch.nn.functional.pad(batch.advantages, pad2),
+                      torch.nn.functional.pad(batch.generation_logprobs, pad2),
+                      batch.prompt_lengths[:real_rows], batch.lengths[:real_rows])

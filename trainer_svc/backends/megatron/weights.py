@@ -1,0 +1,116 @@
+"""Weights in and out of the Megatron model: load through the conversion cache, and export
+full HF-named tensors to rank 0 (TP shards all-gathered per tensor, later pipeline stages sent
+to rank 0 tensor by tensor, so no rank ever holds another stage's shards all at once)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer_svc.backends.megatron import cache
+from trainer_svc.backends.megatron.convert import Arch, hf_to_megatron, megatron_to_hf, read_hf_tensors
+from trainer_svc.backends.megatron.model import Layout, shard_of
+
+
+def load_weights(model: torch.nn.Module, arch: Arch, layout: Layout, model_dir: str, *, rank: int,
+                 group: dist.ProcessGroup, log: Any) -> tuple[str, float]:
+    """Fill `model` (this rank's stage) from the cache, converting first if needed.
+
+    Collective. Returns ("cached", load seconds) when the entry existed, ("converted",
+    convert + save seconds) when this call made it.
+    """
+    from megatron.core import dist_checkpointing
+
+    root = cache.cache_dir()
+    cache.check_shared(root, rank, group)
+    entry = root / cache.entry_name(model_dir, arch.family, arch.padded_vocab(layout.tp_size))
+    if cache.is_complete(entry):
+        start = time.perf_counter()
+        state = dist_checkpointing.load(model.sharded_state_dict(), str(entry))
+        model.load_state_dict(state)
+        seconds = time.perf_counter() - start
+        log.info("megatron_checkpoint_cache_hit", entry=str(entry), seconds=round(seconds, 3))
+        return "cached", seconds
+    start = time.perf_counter()
+    converted = hf_to_megatron(read_hf_tensors(model_dir), arch, shard_of(arch, layout))
+    _assign(model, converted)
+    convert_s = time.perf_counter() - start
+    tmp = cache.temporary_entry(entry, rank, group)
+    dist_checkpointing.save(model.sharded_state_dict(), str(tmp))
+    cache.publish_entry(tmp, entry, {"source": str(Path(model_dir).resolve()), "family": arch.family,
+                                     "padded_vocab": arch.padded_vocab(layout.tp_size),
+                                     "format": cache.FORMAT_VERSION}, rank, group)
+    total_s = time.perf_counter() - start
+    log.info("megatron_checkpoint_converted", entry=str(entry), convert_s=round(convert_s, 3), total_s=round(total_s, 3))
+    return "converted", total_s
+
+
+def _assign(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(tensors))
+    if missing:
+        raise KeyError(f"the converter produced no value for {missing}")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            if name not in params:
+                continue  # e.g. the output layer of a tied model at PP=1 (it is the embedding)
+            if tuple(value.shape) != tuple(params[name].shape):
+                raise ValueError(f"{name}: converted shape {tuple(value.shape)} != model shape {tuple(params[name].shape)}")
+            params[name].copy_(value)
+
+
+def _stage_params(arch: Arch, layout: Layout, pp_rank: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(HF name, shape) of what stage `pp_rank` exports, in its order (known to every rank)."""
+    from trainer_svc.backends.megatron.convert import hf_shapes
+
+    shard = shard_of(arch, Layout(0, layout.tp_size, pp_rank, layout.pp_size, 0, layout.dp_size))
+    shapes = hf_shapes(arch)
+    names = []
+    if shard.pre_process:
+        names.append("model.embed_tokens.weight")
+    for i in range(shard.first_layer, shard.first_layer + shard.num_layers):
+        names += [n for n in shapes if n.startswith(f"model.layers.{i}.")]
+    if shard.post_process:
+        names.append("model.norm.weight")
+        if not arch.tie_word_embeddings:
+            names.append("lm_head.weight")
+    return [(n, shapes[n]) for n in names]
+
+
+def iter_hf_tensors(model: torch.nn.Module, arch: Arch, layout: Layout, *, tp_group: dist.ProcessGroup,
+                    rank: int, tp_times_dp: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Collective generator: on global rank 0 yields every HF tensor (full, CPU, float32); the
+    other ranks yield nothing but must exhaust it (they take part in the gathers and sends)."""
+    if layout.dp_rank != 0:
+        return
+    first_layer = shard_of(arch, layout).first_layer
+    own: list[tuple[str, torch.Tensor]] = []
+    for name, param in model.named_parameters():
+        local = param.detach().float().contiguous()
+        shards = [torch.empty_like(local) for _ in range(layout.tp_size)]
+        dist.all_gather(shards, local, group=tp_group)
+        if layout.tp_rank != 0:
+            continue
+        for hf_name, tensor in megatron_to_hf(name, shards, arch, first_layer):
+            if rank == 0:
+                yield hf_name, tensor.cpu()
+            else:
+                own.append((hf_name, tensor))
+    if layout.tp_rank != 0:
+        return
+    if rank != 0:  # a later stage's first TP rank: send to rank 0 in the agreed order
+        expected = [n for n, _ in _stage_params(arch, layout, layout.pp_rank)]
+        got = {n: t for n, t in own}
+        for hf_name in expected:
+            dist.send(got[hf_name].contiguous(), dst=0)
+        return
+    for stage in range(1, layout.pp_size):
+        for hf_name, shape in _stage_params(arch, layout, stage):
+            buffer = torch.empty(shape, dtype=torch.float32)
+            dist.recv(buffer, src=stage * tp_times_dp)
+            yield hf_name, buffer
