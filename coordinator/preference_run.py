@@ -12,7 +12,6 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import yaml
 from rich.console import Console
@@ -24,7 +23,7 @@ from coordinator.cluster import HostedService, LocalCluster
 from coordinator.config import ExperimentConfig
 from coordinator.config_preference import Algorithm
 from coordinator.data import PromptCursor, Tokens
-from coordinator.run import Run, cache_root, run_token
+from coordinator.run import Run, prepare_inputs, run_token
 from trainer_svc.client import TrainerClient
 
 
@@ -36,22 +35,6 @@ def create_run(cfg: ExperimentConfig, console: Console | None = None, resume: bo
     if resume:
         raise ValueError(f"--resume is not supported for {cfg.algorithm.value} runs yet; start a new run")
     return PreferenceRun(cfg, console, hosted=hosted)
-
-
-def prepare_preference_inputs(cfg: ExperimentConfig) -> tuple[str, Path, Path | None]:
-    """The model directory (default: the embedded tiny causal LM, for RM with a new score head)
-    and the train/val pair files (building the embedded toy pairs if asked)."""
-    model_dir = cfg.policy.model_name
-    if model_dir is None:
-        from coordinator.embedded.tiny_model import ensure_tiny_model
-
-        model_dir = str(ensure_tiny_model(cache_root()))
-    if cfg.data.dataset_name == "arithmetic_preference":
-        from coordinator.embedded.preference import ensure_preference_dataset
-
-        train, val = ensure_preference_dataset(cache_root(), cfg.data.seed, cfg.data.num_train, cfg.data.num_val)
-        return model_dir, train, val
-    return model_dir, Path(cfg.data.train_path), Path(cfg.data.val_path) if cfg.data.val_path else None
 
 
 class PreferenceRun(Run):
@@ -70,7 +53,7 @@ class PreferenceRun(Run):
             log.warning("checkpointing_ignored", reason="loop checkpoints are GRPO-only; the run ends with an HF export")
             self.console.print("[yellow]checkpointing.enabled is ignored for dpo/rm runs (GRPO-only for now); "
                                "the run ends with an HF export[/]")
-        model_dir, train_path, val_path = prepare_preference_inputs(cfg)
+        model_dir, train_path, val_path = prepare_inputs(cfg)
         train = read_pairs(train_path, cfg.data)
         val = read_pairs(val_path, cfg.data) if val_path else []
         cluster = LocalCluster(cfg, model_dir, self.run_dir, run_token(self.run_dir), log, self.status, self.hosted)

@@ -61,16 +61,19 @@ def make_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 def prepare_inputs(cfg: ExperimentConfig) -> tuple[str, Path, Path | None]:
-    """The model directory and the train/val files (building the embedded ones if asked)."""
+    """The model directory and the train/val files (building the embedded ones if asked: the
+    arithmetic task, or its toy preference pairs for DPO/RM)."""
     model_dir = cfg.policy.model_name
     if model_dir is None:
         from coordinator.embedded.tiny_model import ensure_tiny_model
 
         model_dir = str(ensure_tiny_model(cache_root()))
-    if cfg.data.dataset_name == "arithmetic":
+    if cfg.data.dataset_name in ("arithmetic", "arithmetic_preference"):
         from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
+        from coordinator.embedded.preference import ensure_preference_dataset
 
-        train, val = ensure_arithmetic_dataset(cache_root(), cfg.data.seed, cfg.data.num_train, cfg.data.num_val)
+        ensure = ensure_arithmetic_dataset if cfg.data.dataset_name == "arithmetic" else ensure_preference_dataset
+        train, val = ensure(cache_root(), cfg.data.seed, cfg.data.num_train, cfg.data.num_val)
         return model_dir, train, val
     return model_dir, Path(cfg.data.train_path), Path(cfg.data.val_path) if cfg.data.val_path else None
 
