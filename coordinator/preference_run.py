@@ -8,7 +8,6 @@ Loop checkpoints and --resume are GRPO-only for now.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -65,12 +64,7 @@ class PreferenceRun(Run):
         finally:
             cluster.close()
             self.metrics.close()
-        summary["wall_time_s"] = time.perf_counter() - started
-        summary["timings_s"] = self.timings
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
-        self._log_file.close()
-        return summary
+        return self._finish(summary, started)
 
     def _train(self, trainer: TrainerClient, model_dir: str, train: list[PreferencePair],
                val: list[PreferencePair], check_alive) -> dict:

@@ -133,10 +133,14 @@ class Run:
         finally:
             cluster.close()
             self.metrics.close()
+        return self._finish(summary, started)
+
+    def _finish(self, summary: dict, started: float) -> dict:
+        """Write summary.json (with wall time and per-phase timings), log the end, close the log."""
         summary["wall_time_s"] = time.perf_counter() - started
         summary["timings_s"] = self.timings
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
+        self.log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
         self._log_file.close()
         return summary
 
