@@ -22,6 +22,16 @@ BASE_KEY=$(echo "$BASE_PACKAGES" | sha256sum | cut -c1-16)
 
 label_of() { docker image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
 
+host_debian_mirror() {
+  # The Debian archive this host's apt already uses (deb822 sources first, then one-line ones).
+  local uri
+  uri=$(awk '/^URIs:/ && /debian/ && !/security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null)
+  [ -n "$uri" ] || uri=$(awk '$1 == "deb" && /debian/ && !/security/ {print $2; exit}' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null)
+  [ -n "$uri" ] || { echo "no Debian mirror in this host's apt sources: set DEBIAN_MIRROR" >&2; exit 2; }
+  echo "$uri"
+}
+
 base_image() {
   [ "$(label_of "$BASE" tandem.base)" = "$BASE_KEY" ] && return 0
   local tarball="$CACHE/base-bookworm-$BASE_KEY.tar"
@@ -30,7 +40,7 @@ base_image() {
     local root
     root=$(mktemp -d "$CACHE/rootfs.XXXX")
     debootstrap --variant=minbase --include="$BASE_PACKAGES" \
-      bookworm "$root" "${DEBIAN_MIRROR:?set DEBIAN_MIRROR to a Debian archive URL}" >"$CACHE/debootstrap.log" 2>&1 \
+      bookworm "$root" "${DEBIAN_MIRROR:-$(host_debian_mirror)}" >"$CACHE/debootstrap.log" 2>&1 \
       || { tail -20 "$CACHE/debootstrap.log" >&2; rm -rf "$root"; exit 1; }
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
     tar -C "$root" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
