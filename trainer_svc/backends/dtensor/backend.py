@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from trainer_svc.backends.dtensor import checkpoint
 from trainer_svc.backends.dtensor.model import load_sharded_policy
 from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, clip_grad_norm, offload_policy
+from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
     MicroBatch,
     collate,
@@ -75,8 +76,7 @@ class DTensorBackend:
         self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                             weight_decay=opt.weight_decay)
         self._max_grad_norm = settings.max_grad_norm or math.inf
-        with torch.no_grad():
-            self._reference = [_local(p).detach().clone() for p in self._params]
+        self._reference = ReferenceWeights(self._params, _local)
         self.global_step = 0
 
     # ------------------------------------------------------------------ logprobs
@@ -86,7 +86,7 @@ class DTensorBackend:
         split = self._splitter(micro_batch_size, self._packing.logprob_mb_tokens)
         shard, groups = rank_micro_batches(samples, self._dp_rank, self._dims.dp, split)
         results: list[list[float] | None] = [None] * len(shard)
-        with self._policy_weights(policy):
+        with self._reference.holding(policy):
             for group in groups:  # an empty group is a throwaway forward (every rank runs as many)
                 batch = self._collate([shard[i] for i in group])
                 rows = completion_logprobs(self._score(batch), batch)
@@ -110,26 +110,6 @@ class DTensorBackend:
         """The micro-batch of `chunk`; an empty chunk is a one-token filler with nothing to train."""
         chunk = chunk or [Sample((self._pad_id, self._pad_id), 1, loss_mask=(0.0,))]
         return (pack if self._packing.enabled else collate)(chunk, self._pad_id, self.device)
-
-    @contextmanager
-    def _policy_weights(self, policy: Policy) -> Iterator[None]:
-        """Within the block the parameters hold `policy`'s weights."""
-        if policy == "current":
-            yield
-            return
-        self._swap_reference()
-        try:
-            yield
-        finally:
-            self._swap_reference()
-
-    @torch.no_grad()
-    def _swap_reference(self) -> None:
-        for param, ref in zip(self._params, self._reference):
-            live = _local(param)
-            tmp = live.clone()
-            live.copy_(ref)
-            ref.copy_(tmp)
 
     def _forward(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits as the model ran, [B, T-1] logprobs in the padded layout, the mask matching the logits)."""
@@ -191,7 +171,7 @@ class DTensorBackend:
         prev = [[self._score(b) for b in step] for step in local] if loss_fn.needs_previous_logprobs else None
         ref = None
         if loss_fn.needs_reference_logprobs:
-            with self._policy_weights("reference"):
+            with self._reference.holding("reference"):
                 ref = [[self._score(b) for b in step] for step in local]
         per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step),
                                          prev[s] if prev else None, ref[s] if ref else None,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from trainer_svc.backends.megatron.model import (
     wrap_ddp,
 )
 from trainer_svc.backends.megatron.weights import iter_hf_tensors, load_weights
+from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import MicroBatch, collate, completion_logprobs, count_loss_tokens, optimizer_steps, rank_shard
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import DistEnv
@@ -83,8 +83,7 @@ class MegatronBackend:
             self._optimizer, self._scheduler = build_optimizer(self._ddp, cfg, defaults, dtype)
         self._sequence_multiple = self.layout.tp_size if cfg.sequence_parallel else 1
         self._params = [p for p in self._model.parameters()]
-        with torch.no_grad():
-            self._reference = [p.detach().clone() for p in self._params]
+        self._reference = ReferenceWeights(self._params)
         self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
         self.vocab_size = self.arch.vocab_size
         self.hf_tensor_shapes = hf_shapes(self.arch)
@@ -158,7 +157,7 @@ class MegatronBackend:
             shard = rank_shard(samples, dp_rank, dp)
             num_micro = _ceil_div(_ceil_div(len(samples), dp), micro_batch_size)
             batches = self._micro_batches(shard, micro_batch_size, num_micro, self._width(samples))
-            with self._policy_weights(policy):
+            with self._reference.holding(policy):
                 scored = self._score_batches(batches)
             results: list[list[float]] = []
             if self._contributes:
@@ -170,24 +169,6 @@ class MegatronBackend:
             return None
         parts = sorted((d, r) for d, source, r in gathered if source)
         return [row for _, part in parts for row in part]
-
-    @contextmanager
-    def _policy_weights(self, policy: Policy) -> Iterator[None]:
-        if policy == "current":
-            yield
-            return
-        self._swap_reference()
-        try:
-            yield
-        finally:
-            self._swap_reference()
-
-    @torch.no_grad()
-    def _swap_reference(self) -> None:
-        for param, ref in zip(self._params, self._reference):
-            tmp = param.detach().clone()
-            param.detach().copy_(ref)
-            ref.copy_(tmp)
 
     # ------------------------------------------------------------------ training
 
@@ -204,7 +185,7 @@ class MegatronBackend:
             prev = [self._score_batches(b) for b in local] if loss_fn.needs_previous_logprobs else None
             ref = None
             if loss_fn.needs_reference_logprobs:
-                with self._policy_weights("reference"):
+                with self._reference.holding("reference"):
                     ref = [self._score_batches(b) for b in local]
             per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step), count_loss_sequences(step),
                                              prev[s] if prev else None, ref[s] if ref else None, learning_rate)
