@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,18 +19,27 @@ class Example:
     task: str
 
 
-def read_jsonl(path: Path, cfg: DataConfig) -> list[Example]:
-    examples = []
+def jsonl_rows(path: Path, keys: Sequence[str], hint: str) -> Iterator[dict]:
+    """The JSON objects of a JSONL file (blank lines skipped); ValueError naming the file and
+    line for a line that is not JSON or lacks one of `keys` (`hint` says which settings name them)."""
     with open(path) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            missing = [k for k in (cfg.prompt_key, cfg.answer_key) if k not in row]
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{line_no}: not a JSON object ({exc.msg})") from None
+            missing = [k for k in keys if not isinstance(row, dict) or k not in row]
             if missing:
-                raise ValueError(f"{path}:{line_no}: missing keys {missing} (see data.prompt_key / data.answer_key)")
-            examples.append(Example(str(row[cfg.prompt_key]), str(row[cfg.answer_key]),
-                                    str(row.get(cfg.task_key, cfg.default_task))))
+                raise ValueError(f"{path}:{line_no}: missing keys {missing} ({hint})")
+            yield row
+
+
+def read_jsonl(path: Path, cfg: DataConfig) -> list[Example]:
+    examples = [Example(str(row[cfg.prompt_key]), str(row[cfg.answer_key]),
+                        str(row.get(cfg.task_key, cfg.default_task)))
+                for row in jsonl_rows(path, (cfg.prompt_key, cfg.answer_key), "see data.prompt_key / data.answer_key")]
     if not examples:
         raise ValueError(f"{path} holds no examples")
     return examples

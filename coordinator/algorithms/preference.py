@@ -3,12 +3,11 @@ turning pairs into the trainer's samples ((chosen, rejected) adjacent, chosen fi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.config import DataConfig, ExperimentConfig
-from coordinator.data import PromptCursor, Tokens
+from coordinator.data import PromptCursor, Tokens, jsonl_rows
 from trainer_svc.client import TrainerClient
 from trainer_svc.types import Sample
 
@@ -23,17 +22,8 @@ class PreferencePair:
 def read_pairs(path: Path, cfg: DataConfig) -> list[PreferencePair]:
     """Rows with data.prompt_key / chosen_key / rejected_key; ValueError naming the line."""
     keys = (cfg.prompt_key, cfg.chosen_key, cfg.rejected_key)
-    pairs = []
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            missing = [k for k in keys if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{line_no}: missing keys {missing} of a preference row "
-                                 "(see data.prompt_key / data.chosen_key / data.rejected_key)")
-            pairs.append(PreferencePair(*(str(row[k]) for k in keys)))
+    hint = "a preference row; see data.prompt_key / data.chosen_key / data.rejected_key"
+    pairs = [PreferencePair(*(str(row[k]) for k in keys)) for row in jsonl_rows(path, keys, hint)]
     if not pairs:
         raise ValueError(f"{path} holds no preference pairs")
     return pairs

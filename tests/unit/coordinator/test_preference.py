@@ -96,3 +96,16 @@ def test_rm_samples_are_tokenised_as_reward_svc_reads_them(tokens):
     samples = reward_model_samples(tokens, [PreferencePair("1+2=", "3", "ab")])
     assert [s.token_ids for s in samples] == [tokens.prompt("1+2=3"), tokens.prompt("1+2=ab")]  # no EOS
     assert samples[0].prompt_length == len(tokens.prompt("1+2="))
+
+
+def test_a_broken_jsonl_line_is_named(tmp_path):
+    from coordinator.algorithms.preference import read_pairs
+    from coordinator.config import load_config
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "x"}\n{"prompt": "2+2=", "chosen": \n')
+    with pytest.raises(ValueError, match=r"pairs\.jsonl:2: not a JSON object"):
+        read_pairs(path, load_config().data)
+    path.write_text('{"prompt": "1+1=", "chosen": "2"}\n')
+    with pytest.raises(ValueError, match=r"pairs\.jsonl:1: missing keys \['rejected'\]"):
+        read_pairs(path, load_config().data)
