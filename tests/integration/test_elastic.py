@@ -3,13 +3,15 @@ vLLM generators, 1 reward service), in one flow that shares the cluster:
 
 1. 1 -> 3: two generators join mid-run; each gets the current weights, then work.
 2. kill -9 of a random generator mid-step, repeated (TANDEM_FAULT_KILLS, default 10), a
-   replacement spawned after each kill so the pool never runs dry: every step returns all
-   its samples, and every sample comes from the version published before the step (no
-   generator serves stale or unannounced weights).
-3. 3 -> 1: SIGTERM to the main process of all generators but one while they hold work (a
-   SIGTERM to a generator's whole process group also stops vLLM's engine processes at once:
-   no drain then, its prompts are re-sent): they finish their calls
-   (nothing re-sent), leave, exit 0, and get no work after they announced leaving.
+   replacement spawned after each kill so the pool never runs dry: the kill lands the moment
+   the victim's first completion of the step reaches the coordinator (or after the step if it
+   got no work), every step returns all its samples, and every sample comes from the version
+   published before the step (no generator serves stale or unannounced weights).
+3. 3 -> 1: SIGTERM to the main process of all generators but one the moment each has
+   streamed its first completion of the step (a SIGTERM to a generator's whole process group
+   also stops vLLM's engine processes at once: no drain then, its prompts are re-sent): they
+   finish their calls (nothing re-sent), leave, exit 0, and get no work after they announced
+   leaving.
 4. The run ends with the expected steps and samples.
 Prints the measured detection, re-form and spawn times (pytest -s shows them).
 """
@@ -42,16 +44,25 @@ KILLS = int(os.environ.get("TANDEM_FAULT_KILLS", "10"))
 
 
 class Recorder:
-    """Every Generate call the coordinator makes: (address, start time, versions of its completions)."""
+    """Every Generate call the coordinator makes: (address, start time, versions of its completions).
+
+    `on_first(address)`, when set, runs in the rollout's thread as a call's first completion
+    arrives, before the rollout sees it: the generator is then certainly serving that call.
+    """
 
     def __init__(self, monkeypatch):
         self.calls: list[tuple[str, float, list[int]]] = []
+        self.expected: dict[int, int] = {}  # id(versions) -> completions the call asked for
+        self.on_first = None
         original = GeneratorClient.generate
 
-        def generate(client, *args, **kwargs):
+        def generate(client, prompts, sampling, *args, **kwargs):
             versions: list[int] = []
             self.calls.append((client.address, time.monotonic(), versions))
-            for completion in original(client, *args, **kwargs):
+            self.expected[id(versions)] = len(prompts) * sampling.n
+            for completion in original(client, prompts, sampling, *args, **kwargs):
+                if not versions and self.on_first is not None:
+                    self.on_first(client.address)
                 versions.append(completion.weight_version)
                 yield completion
 
@@ -59,6 +70,10 @@ class Recorder:
 
     def since(self, start: float) -> list[tuple[str, float, list[int]]]:
         return [c for c in self.calls if c[1] >= start]
+
+    def complete(self, call: tuple[str, float, list[int]]) -> bool:
+        """Whether the call streamed every completion it asked for."""
+        return len(call[2]) == self.expected[id(call[2])]
 
 
 class Pool:
@@ -132,17 +147,22 @@ def test_generators_joining_mid_run_get_the_weights_then_work(flow, monkeypatch)
         assert g.client.info().weight_version == ctx.publisher.version
 
 
-def _kill_when_busy(victim, pid: int, done: threading.Event, killed: list) -> None:
-    while not done.is_set():
-        try:
-            busy = victim.client.info(timeout_s=2).num_running > 0
-        except Exception:
-            busy = False
-        if busy:
-            break
-        time.sleep(0.01)
-    os.killpg(pid, signal.SIGKILL)  # mid-rollout, or (if its share was already done) mid-train/publish
-    killed.append((time.monotonic(), not done.is_set()))
+class Killer:
+    """kill -9 of one generator's process group when its first completion of the step arrives."""
+
+    def __init__(self, address: str, pid: int):
+        self.address, self.pid, self.at, self.mid_step = address, pid, None, False
+        self._lock = threading.Lock()
+
+    def on_first(self, address: str) -> None:
+        if address == self.address:
+            self.kill(mid_step=True)
+
+    def kill(self, *, mid_step: bool) -> None:
+        with self._lock:
+            if self.at is None:
+                os.killpg(self.pid, signal.SIGKILL)
+                self.at, self.mid_step = time.monotonic(), mid_step
 
 
 @pytest.mark.timeout(2400)  # bounded by vLLM start-ups (a replacement per kill): minutes on a busy box
@@ -161,36 +181,35 @@ def test_repeated_kill_9_of_a_random_generator_mid_step(flow, monkeypatch):
         victim = rng.choice(admitted)
         pid = next(m.pid for m in cluster.registry.live("generator") if m.member_id == victim.member_id)
         version, epoch = ctx.publisher.version, ctx.publisher.epoch
-        done, killed = threading.Event(), []
-        killer = threading.Thread(target=_kill_when_busy, args=(victim, pid, done, killed), daemon=True)
+        killer = Killer(victim.client.address, pid)
+        recorder.on_first = killer.on_first
         started = time.monotonic()
-        killer.start()
         metrics = _step(ctx, totals)
-        done.set()
-        killer.join(timeout=30)
+        recorder.on_first = None
+        killer.kill(mid_step=False)  # it got no work this step: it dies between steps instead
         pool.spawn()  # keep the pool from running dry
-        assert killed, f"kill {kill}: the victim was never killed"
         assert _versions_of(recorder.since(started)) == {version}, f"kill {kill}: a sample from other weights"
         assert metrics["generation_weight_version"] == version and metrics["weight_version"] == version + 1
-        if not killed[0][1]:  # killed after its step: membership drops it once its heartbeats stop
+        if not killer.mid_step:  # membership drops it once its heartbeats stop
             cluster.registry.wait_for(lambda ms: victim.member_id not in {m.member_id for m in ms}, 60)
         assert victim.member_id not in {g.member_id for g in ctx.services.all_generators()}
-        if killed[0][1]:
+        lost = [t for m, t in failures if m == victim.member_id]
+        if lost:
             mid_rollout += 1
-            lost = [t for m, t in failures if m == victim.member_id]
-            assert lost, f"kill {kill}: the rollout did not notice the dead generator"
-            detections.append(lost[0] - killed[0][0])
+            detections.append(lost[0] - killer.at)
+        elif killer.mid_step:  # its whole share had already been streamed: nothing to re-send
+            mine = [c for c in recorder.since(started) if c[0] == victim.client.address]
+            assert mine and all(recorder.complete(c) for c in mine), \
+                f"kill {kill}: the rollout did not notice the dead generator"
         if ctx.publisher.epoch > epoch:
             reforms.append(metrics["time_publish_s"])
         for g in ctx.services.all_generators():  # every generator in rotation serves the announced version
             if ctx.publisher.is_current(g.member_id):
                 assert g.client.info().weight_version == ctx.publisher.version
     assert mid_rollout >= KILLS // 2, f"only {mid_rollout} of {KILLS} kills landed mid-rollout"
-    if not detections:
-        return
     print(f"\n{KILLS} kills ({mid_rollout} mid-rollout): detection {min(detections):.3f}-{max(detections):.3f}s "
           f"(median {sorted(detections)[len(detections) // 2]:.3f}s); publish on a re-formed group "
-          f"{min(reforms):.3f}-{max(reforms):.3f}s")
+          f"{min(reforms, default=0):.3f}-{max(reforms, default=0):.3f}s")
 
 
 def test_sigterm_drains_generators_down_to_one(flow, monkeypatch):
@@ -213,21 +232,18 @@ def test_sigterm_drains_generators_down_to_one(flow, monkeypatch):
     original = ctx.services.generator_failed
     ctx.services.generator_failed = lambda h, e: (failures.append(h.member_id), original(h, e))
     signalled: list[str] = []
+    by_address = {g.client.address: g.member_id for g in leaving}
 
-    def stop_when_busy():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(signalled) < len(leaving):
-            for g in leaving:
-                if g.member_id not in signalled and g.client.info(timeout_s=5).num_running > 0:
-                    os.kill(members[g.member_id].pid, signal.SIGTERM)  # its main process, as `docker stop` does
-                    signalled.append(g.member_id)
-            time.sleep(0.01)
+    def stop(address: str) -> None:  # its main process, as `docker stop` does
+        member_id = by_address.get(address)
+        if member_id is not None and member_id not in signalled:
+            signalled.append(member_id)
+            os.kill(members[member_id].pid, signal.SIGTERM)
 
-    stopper = threading.Thread(target=stop_when_busy, daemon=True)
-    stopper.start()
+    recorder.on_first = stop
     started = time.monotonic()
     metrics = _step(ctx, totals)
-    stopper.join(timeout=60)
+    recorder.on_first = None
     assert sorted(signalled) == sorted(g.member_id for g in leaving), "a generator never got work to drain"
     assert failures == []  # drained, not failed: nothing was re-sent
     for g in leaving:
