@@ -94,7 +94,6 @@ class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
         return pb.ReceiveWeightsResponse(weight_version=version,
                                          duration_ms=int((time.monotonic() - started) * 1000))
 
-
     async def Sleep(self, request: pb.SleepRequest, context: Any) -> pb.SleepResponse:
         return pb.SleepResponse(sleeping=memory_to_pb(await self._engine().sleep(request.level)))
 
