@@ -294,6 +294,17 @@ class ExperimentConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _colocated_memory(self) -> ExperimentConfig:
+        generation = self.policy.generation
+        share = generation.vllm_cfg.gpu_memory_utilization
+        if generation.colocated.enabled and share is not None and share * self.cluster.num_generators >= 1:
+            raise ValueError(f"policy.generation.vllm_cfg.gpu_memory_utilization ({share}) x cluster.num_generators "
+                             f"({self.cluster.num_generators}) leaves nothing of the GPU that colocated generators "
+                             "share with the trainer's rank 0; lower it (unset: 0.5 split between the generators) or "
+                             "set policy.generation.colocated.enabled=false")
+        return self
+
+    @model_validator(mode="after")
     def _dapo_consistent(self) -> ExperimentConfig:
         shaping = self.grpo.reward_shaping
         budget = shaping.max_response_length or self.policy.generation.max_new_tokens

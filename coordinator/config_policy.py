@@ -95,6 +95,10 @@ class VllmConfig(_Section):
     """Sequences one generator runs at once (its capacity)."""
     kv_cache_space_gib: int = Field(1, ge=1)
     """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """GPU only: the fraction of the device's memory each generator's vLLM takes. Unset: 0.9 for
+    dedicated generators; colocated ones share the trainer's device, so they split 0.5 of it
+    (they sleep while the trainer trains, and the trainer's rank 0 keeps its model meanwhile)."""
     enforce_eager: bool = True
     tensor_parallel_size: Literal[1] = 1
 
@@ -109,7 +113,9 @@ class ColocatedResourcesConfig(_Section):
 
 class ColocatedConfig(_Section):
     """policy.generation.colocated: generators on the trainer's devices (weights by shared
-    memory on the host, CUDA IPC on GPUs) or dedicated ones (weights by the weight-sync group)."""
+    memory on the host, CUDA IPC on GPUs, where vLLM also sleeps while the trainer trains) or
+    dedicated ones (weights by the weight-sync group); tandem/colocation.py decides, from the
+    trainer's device kind at run time."""
 
     enabled: bool = False
     resources: ColocatedResourcesConfig = ColocatedResourcesConfig()

@@ -33,11 +33,22 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
 
 def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:
     vllm = cfg.policy.generation.vllm_cfg
+    colocated = cfg.policy.generation.colocated.enabled
     return GeneratorSettings.model_validate({
         "model_name": model_dir, "dtype": cfg.policy.precision, "max_model_len": vllm.max_model_len,
         "max_num_seqs": vllm.max_num_seqs, "kv_cache_space_gib": vllm.kv_cache_space_gib,
         "seed": cfg.grpo.seed + index, "enforce_eager": vllm.enforce_eager, "scratch_dir": str(scratch),
+        "colocated": colocated, "gpu_memory_utilization": gpu_memory_utilization(cfg),
     })
+
+
+def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
+    """Each generator's share of its GPU: the configured one, else 0.9 for dedicated generators
+    and 0.5 split between colocated ones (they share the trainer's rank-0 device)."""
+    configured = cfg.policy.generation.vllm_cfg.gpu_memory_utilization
+    if configured is not None:
+        return configured
+    return 0.5 / cfg.cluster.num_generators if cfg.policy.generation.colocated.enabled else 0.9
 
 
 def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:

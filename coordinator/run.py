@@ -288,7 +288,7 @@ class Run:
         ctx.services.trainer.load_checkpoint(str((path / "trainer").resolve()))
         generators = ctx.services.all_generators()
         version = resume_version(state.weight_version, [ctx.publisher.version, *_served(generators)])
-        ctx.publisher.publish(generators, version=version)
+        ctx.publish(generators, version=version)
         self.metrics.history = list(state.metrics)
         resuming.rewrite_metrics(self.metrics.path, state.metrics)
         resuming.restore_rng(state.rng)

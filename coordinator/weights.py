@@ -13,6 +13,8 @@ Colocated mode (`shared_dir` set): the trainer writes each version as HF safeten
 fresh directory on the host's shared memory (tmpfs) and every generator loads it from there
 (GeneratorClient.load_shared_weights) with the same atomic swap; no group is formed, the
 directory is removed after the publish. Retries, health checks and admission are the same.
+Colocated on GPUs (`cuda_ipc`): the same, through CUDA IPC handles of the trainer's buckets
+(coordinator/weights_ipc.py).
 
 Admission. Generators swap atomically (generator_svc), so none serves a half-received
 version; but one that missed a version (it joined late, or a publish to it failed) serves
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import grpc
 
+from coordinator.weights_ipc import publish_cuda_ipc
 from tandem.weight_sync import BucketPlan, GroupSpec
 
 # Errors that say something about the request itself: a retry on a new epoch cannot help.
@@ -59,7 +62,8 @@ class PublishReport:
 class WeightPublisher:
     def __init__(self, trainer, store_address: str, plan: BucketPlan, log, *, op_timeout_s: float = 30.0,
                  version: int = 0, max_attempts: int = 3, health_timeout_s: float = 5.0,
-                 on_dead: Callable[[object, Exception], None] | None = None, shared_dir: Path | None = None):
+                 on_dead: Callable[[object, Exception], None] | None = None, shared_dir: Path | None = None,
+                 cuda_ipc: bool = False):
         self._trainer = trainer
         self._store_address = store_address
         self._plan = plan
@@ -69,6 +73,7 @@ class WeightPublisher:
         self._health_timeout_s = health_timeout_s
         self._on_dead = on_dead
         self._shared_dir = shared_dir
+        self._cuda_ipc = cuda_ipc
         self.version = version
         self._epoch = -1
         self._members: tuple[str, ...] = ()
@@ -150,6 +155,10 @@ class WeightPublisher:
                            + "; ".join(errors))
 
     def _attempt(self, generators: list, version: int) -> PublishReport:
+        if self._cuda_ipc:
+            num_bytes, seconds = publish_cuda_ipc(self._trainer, generators, version, self._plan,
+                                                  self._op_timeout_s * 10, self._log)
+            return PublishReport(version, self._epoch, len(generators), num_bytes, seconds)
         if self._shared_dir is not None:
             return self._attempt_shared(generators, version, self._shared_dir)
         group = self._group_for(tuple(g.member_id for g in generators))

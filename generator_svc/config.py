@@ -45,6 +45,12 @@ class GeneratorSettings(BaseModel):
     """Engine seed (requests without a seed draw from it)."""
     enforce_eager: bool = True
     """Skip torch.compile: 30-50 s more start-up on CPU for no gain on small models."""
+    colocated: bool = False
+    """On the trainer's devices. On a GPU vLLM then starts in sleep mode (tandem.colocation), so
+    the coordinator can free the device for the trainer between rollouts; on CPU nothing changes."""
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """GPU only: the fraction of the device's memory vLLM takes (weights, activations, KV cache).
+    Colocated generators share the device with the trainer, so theirs must leave it room."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
     drain_timeout_s: float = Field(60.0, ge=0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from generator_svc.types import Completion, GeneratorInfo, SamplingConfig
+from generator_svc.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
 from tandem.weight_sync import BucketPlan, GroupSpec
 
 
@@ -45,6 +45,25 @@ class GenerationEngine(Protocol):
     async def load_shared_weights(self, directory: str, version: int) -> int:
         """Colocated mode: read `version` from HF safetensors files in `directory` (shared memory
         on this host) and swap it in, with the same atomicity as `receive_weights`."""
+        ...
+
+    async def load_cuda_ipc_weights(self, buckets: Sequence[bytes], plan: BucketPlan, version: int) -> int:
+        """Colocated on a GPU: read `version` from the trainer's device through one CUDA IPC
+        handle per bucket of `plan` (tandem.cuda_ipc) and swap it in, with the same atomicity as
+        `receive_weights`; every read is done when this returns (the trainer may then free them).
+        Raises FailedPrecondition while the weights sleep."""
+        ...
+
+    async def sleep(self, level: int) -> tuple[MemoryKind, ...]:
+        """Release device memory (level 1: weights to host memory, KV cache dropped; level 2:
+        both dropped) once the calls in flight have finished; returns what is released. Generate
+        is refused until everything is woken. FailedPrecondition where the engine has no sleep
+        mode (only colocated generators on a GPU have one). Sleeping twice is a no-op."""
+        ...
+
+    async def wake_up(self, memory: Sequence[MemoryKind] | None = None) -> tuple[MemoryKind, ...]:
+        """Bring back `memory` (None: all; waking what is awake is a no-op); returns what still
+        sleeps. Generation resumes once nothing sleeps."""
         ...
 
     def info(self) -> GeneratorInfo:

@@ -13,7 +13,7 @@ from typing import Any
 
 from generator_svc.config import GeneratorSettings
 from generator_svc.interfaces import GenerationEngine
-from generator_svc.types import Completion, GeneratorInfo, SamplingConfig
+from generator_svc.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
 from protos.tandem.generator.v1 import generator_pb2 as pb
 from protos.tandem.generator.v1 import generator_pb2_grpc as pb_grpc
 from tandem.convert import group_from_pb, plan_from_pb
@@ -23,6 +23,18 @@ from tandem.rpc import FailedPrecondition, RunningServer, start_server
 
 SERVICE_NAME = "tandem.generator.v1.GeneratorService"
 _FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}
+_MEMORY_KINDS: dict[MemoryKind, int] = {"weights": pb.MEMORY_KIND_WEIGHTS, "kv_cache": pb.MEMORY_KIND_KV_CACHE}
+
+
+def memory_to_pb(kinds: tuple[MemoryKind, ...]) -> list[int]:
+    return [_MEMORY_KINDS[k] for k in kinds]
+
+
+def memory_from_pb(values) -> list[MemoryKind]:
+    by_value = {v: k for k, v in _MEMORY_KINDS.items()}
+    if any(v not in by_value for v in values):
+        raise ValueError(f"unknown MemoryKind values {list(values)}: use WEIGHTS or KV_CACHE")
+    return [by_value[v] for v in values]
 
 
 def sampling_from_pb(msg: pb.SamplingParams) -> SamplingConfig:
@@ -38,7 +50,8 @@ def completion_to_pb(c: Completion) -> pb.GenerateResponse:
 
 def info_to_pb(i: GeneratorInfo) -> pb.GetInfoResponse:
     return pb.GetInfoResponse(model_name=i.model_name, weight_version=i.weight_version, engine=i.engine,
-                              dtype=i.dtype, max_num_seqs=i.max_num_seqs, num_running=i.num_running)
+                              dtype=i.dtype, max_num_seqs=i.max_num_seqs, num_running=i.num_running,
+                              sleeping=memory_to_pb(i.sleeping))
 
 
 class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
@@ -68,7 +81,10 @@ class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
     async def ReceiveWeights(self, request: pb.ReceiveWeightsRequest, context: Any) -> pb.ReceiveWeightsResponse:
         engine, started = self._engine(), time.monotonic()
         try:
-            if request.shared_memory_dir:  # colocated mode: no group to join
+            if request.cuda_ipc_buckets:  # colocated on a GPU: read the trainer's buckets in place
+                version = await engine.load_cuda_ipc_weights(list(request.cuda_ipc_buckets),
+                                                             plan_from_pb(request.bucket_plan), request.version)
+            elif request.shared_memory_dir:  # colocated on CPU: no group to join
                 version = await engine.load_shared_weights(request.shared_memory_dir, request.version)
             else:
                 version = await engine.receive_weights(group_from_pb(request.group), request.rank, request.version,
@@ -77,6 +93,13 @@ class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
             await (self.running.mark_ready() if engine.serving else self.running.mark_not_serving())
         return pb.ReceiveWeightsResponse(weight_version=version,
                                          duration_ms=int((time.monotonic() - started) * 1000))
+
+    async def Sleep(self, request: pb.SleepRequest, context: Any) -> pb.SleepResponse:
+        return pb.SleepResponse(sleeping=memory_to_pb(await self._engine().sleep(request.level)))
+
+    async def WakeUp(self, request: pb.WakeUpRequest, context: Any) -> pb.WakeUpResponse:
+        sleeping = await self._engine().wake_up(memory_from_pb(request.memory) or None)
+        return pb.WakeUpResponse(sleeping=memory_to_pb(sleeping))
 
 
 def _load(engine: GenerationEngine) -> Load:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort"]
+MemoryKind = Literal["weights", "kv_cache"]
+"""Device memory a sleeping generator releases (vLLM's sleep-mode tags), in wake-up order."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,3 +72,5 @@ class GeneratorInfo:
     dtype: str
     max_num_seqs: int
     num_running: int
+    sleeping: tuple[MemoryKind, ...] = ()
+    """Memory released by a sleep and not woken yet (empty: awake)."""

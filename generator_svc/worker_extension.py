@@ -8,6 +8,8 @@ collective itself.
 
 Two steps, so that a failed transfer never touches the model:
 1. `tandem_stage_weights` receives a whole version into memory (or raises, staging nothing);
+   colocated generators stage from shared-memory files (`tandem_stage_shared`, CPU) or from the
+   trainer's GPU buffers through CUDA IPC handles (`tandem_stage_cuda_ipc`);
 2. `tandem_apply_staged` loads it with `model_runner.reload_weights`, which restores the
    layer layout, loads HF-named checkpoint tensors and re-packs the CPU kernels' weights
    (plain `model.load_weights` fails on CPU once the linear weights are packed).
@@ -66,6 +68,23 @@ class TandemWeightExtension:
         if not files:
             raise FileNotFoundError(f"no safetensors files in {directory}")
         staged = {name: tensor for f in files for name, tensor in load_file(str(f), device=str(self.device)).items()}
+        self._tandem_staged = (version, staged)
+        return len(staged)
+
+    def tandem_stage_cuda_ipc(self, payloads: list[bytes], plan_json: str, version: int) -> int:
+        """Colocated on a GPU: stage `version` from the trainer's buckets through their CUDA IPC
+        handles (tandem.cuda_ipc). The staged tensors are views of the trainer's memory, copied
+        into the model by `tandem_apply_staged` within the same ReceiveWeights call, before the
+        trainer may free them. Raises, staging nothing, on failure."""
+        from tandem.cuda_ipc import import_handle, unpack_bucket
+
+        self._tandem_staged = None
+        if torch.device(self.device).type != "cuda":
+            raise RuntimeError(f"CUDA IPC weights need a generator on a GPU; this one runs on {self.device}")
+        plan = plan_from_json(plan_json)
+        staged: dict[str, torch.Tensor] = {}
+        for index, payload in enumerate(payloads):
+            staged.update(unpack_bucket(plan, index, import_handle(payload, plan.bucket_sizes_bytes[index])))
         self._tandem_staged = (version, staged)
         return len(staged)
 

@@ -18,6 +18,7 @@ from tandem.rpc import open_channel
 from tandem.weight_sync import GroupSpec
 from trainer_svc.types import (
     BradleyTerryLossConfig,
+    CudaIpcExport,
     DpoLossConfig,
     GrpoLossConfig,
     LossConfig,
@@ -106,6 +107,17 @@ class TrainerClient:
         reply = self._stub.PublishWeights(pb.PublishWeightsRequest(group=group_to_pb(group), version=version),
                                           timeout=self._long)
         return PublishResult(reply.bytes_sent, reply.duration_ms)
+
+    def export_cuda_ipc(self, version: int) -> CudaIpcExport:
+        """Colocated on GPUs: CUDA IPC handles of the current weights' buckets, held by the
+        trainer until `release_cuda_ipc(version)`."""
+        reply = self._stub.ExportCudaIpcWeights(pb.ExportCudaIpcWeightsRequest(version=version), timeout=self._long)
+        return CudaIpcExport(version, tuple(reply.buckets), reply.num_bytes, reply.duration_ms)
+
+    def release_cuda_ipc(self, version: int) -> bool:
+        """Let the trainer free an export once every generator has read it; whether it was held."""
+        return self._stub.ReleaseCudaIpcWeights(pb.ReleaseCudaIpcWeightsRequest(version=version),
+                                                timeout=self._long).released
 
     def save_checkpoint(self, path: str) -> int:
         """Returns the save's wall time in milliseconds."""

@@ -20,6 +20,7 @@ from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, iter_plan_te
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import TrainerSettings
+from trainer_svc.cuda_ipc import CudaIpcExports
 from trainer_svc.distributed import close_distributed, init_distributed
 from trainer_svc.hf import classifier_config, model_fingerprint, write_hf_checkpoint
 from trainer_svc.interfaces import TrainerBackend
@@ -28,6 +29,7 @@ from trainer_svc.pairs import validate_pairs
 from trainer_svc.types import (
     PAIRED_LOSSES,
     BradleyTerryLossConfig,
+    CudaIpcExport,
     DpoLossConfig,
     GrpoLossConfig,
     LossConfig,
@@ -63,6 +65,16 @@ class _PublishWeights:
 
 
 @dataclass(frozen=True)
+class _ExportCudaIpc:
+    version: int
+
+
+@dataclass(frozen=True)
+class _ReleaseCudaIpc:
+    version: int
+
+
+@dataclass(frozen=True)
 class _SaveCheckpoint:
     path: Path
 
@@ -91,6 +103,7 @@ class TrainerEngine:
         self._fingerprint = fingerprint
         self._log = log
         self.weight_version = 0
+        self._ipc = CudaIpcExports(backend.device, log)  # colocated generators on GPUs (trainer_svc/cuda_ipc.py)
 
     @property
     def is_leader(self) -> bool:
@@ -147,6 +160,23 @@ class TrainerEngine:
                        duration_ms=result.duration_ms)
         return result
 
+    def export_cuda_ipc(self, version: int) -> CudaIpcExport:
+        """Colocated on GPUs: the current weights as CUDA IPC handles of the plan's buckets on
+        rank 0's device, held until `release_cuda_ipc(version)`."""
+        if self._backend.device.type != "cuda":
+            raise FailedPrecondition(f"CUDA IPC weights need a trainer on GPUs; this one runs on "
+                                     f"{self._backend.device.type} (colocated CPU runs pass weights through shared memory)")
+        start = time.perf_counter()
+        buckets = self._run(_ExportCudaIpc(version))
+        result = CudaIpcExport(version, tuple(buckets), self._plan.total_bytes, int((time.perf_counter() - start) * 1000))
+        self._log.info("weights_exported_cuda_ipc", version=version, buckets=len(buckets), bytes=result.num_bytes,
+                       duration_ms=result.duration_ms)
+        return result
+
+    def release_cuda_ipc(self, version: int) -> bool:
+        """Free the buckets of `version`'s export (every rank also empties its CUDA cache)."""
+        return self._run(_ReleaseCudaIpc(version))
+
     def save_checkpoint(self, path: str) -> int:
         """Returns the wall time in milliseconds."""
         if not path:
@@ -200,6 +230,10 @@ class TrainerEngine:
                     return self._sender.send(group, version, self._plan, iter_plan_tensors(self._plan, state))
                 except RuntimeError as exc:  # gloo/NCCL timeouts and dead peers: the group is unreachable
                     raise ConnectionError(f"weight broadcast to epoch {group.epoch} failed: {exc}") from exc
+            case _ExportCudaIpc(version):
+                return self._ipc.export(version, self._plan, backend.gather_hf_state_dict())
+            case _ReleaseCudaIpc(version):
+                return self._ipc.release(version)
             case _SaveCheckpoint(path):
                 return backend.save_checkpoint(path)
             case _LoadCheckpoint(path):

@@ -116,6 +116,14 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
     async def ExportHf(self, request, context):
         return pb.ExportHfResponse(num_tensors=await self._call(self._engine.export_hf, request.path))
 
+    async def ExportCudaIpcWeights(self, request, context):
+        result = await self._call(self._engine.export_cuda_ipc, request.version)
+        return pb.ExportCudaIpcWeightsResponse(buckets=result.buckets, num_bytes=result.num_bytes,
+                                               duration_ms=result.duration_ms)
+
+    async def ReleaseCudaIpcWeights(self, request, context):
+        return pb.ReleaseCudaIpcWeightsResponse(released=await self._call(self._engine.release_cuda_ipc, request.version))
+
 
 async def serve(engine: TrainerEngine, args: argparse.Namespace, token: str, log: Any) -> None:
     """Serve until SIGTERM/SIGINT; in-flight engine work finishes before this returns."""

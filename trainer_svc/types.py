@@ -181,3 +181,14 @@ class PublishResult:
 
     bytes_sent: int
     duration_ms: int
+
+
+@dataclass(frozen=True)
+class CudaIpcExport:
+    """Colocated on GPUs: the current weights as one CUDA IPC handle per bucket of the bucket
+    plan (tandem.cuda_ipc payloads), alive on the trainer until released."""
+
+    version: int
+    buckets: tuple[bytes, ...]
+    num_bytes: int
+    duration_ms: int

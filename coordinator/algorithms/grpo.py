@@ -1,5 +1,6 @@
 """One synchronous GRPO step (DESIGN.md): prompts -> rollouts -> rewards -> advantages ->
-train -> publish weights."""
+train -> publish weights. Colocated on GPUs the generators sleep from the end of the rollouts
+to the publish (coordinator/colocation.py); elsewhere those two calls do nothing."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
 
     rollouts, sampling_metrics = draw_rollouts(cfg.grpo, draw)  # DAPO dynamic sampling when enabled
     groups, rewards_PG, correct = rollouts.groups, rollouts.rewards_PG, rollouts.correct_PG
-    lap("rollout")  # generation and scoring (multi-turn episodes interleave the two)
+    ctx.release_generators()  # no generation from here to the publish
+    lap("rollout")  # generation and scoring (multi-turn episodes interleave the two), then the generators' sleep
     samples, advantage_metrics = prepare_samples(ctx, rollouts)  # shaping, KL in reward, advantages, masks
     lap("advantages")
     result = ctx.services.trainer.train_step(samples, _loss(ctx), global_batch_size=cfg.policy.train_global_batch_size,

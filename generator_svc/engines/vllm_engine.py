@@ -15,6 +15,12 @@ step with the version current in the engine, so each completion reports the vers
 that sampled it. If applying fails half-way, the weights are no known version: the
 engine stays paused and reports `serving = False` until a later receive succeeds.
 
+Sleep (colocated on a GPU, engines/sleep.py): the engine starts in vLLM's sleep mode; `sleep`
+waits for the calls in flight like a swap does, then releases the weights and KV cache; while
+anything sleeps Generate is refused, and a version may be loaded once the weights are woken
+(the scheduler stays paused by the sleep, so the swap does not pause or resume it: the last
+`wake_up` resumes generation).
+
 Draining (the service was told to stop): new Generate calls are refused with a
 ConnectionError (UNAVAILABLE: the caller sends them elsewhere); the calls and any weight
 swap in flight are awaited up to a timeout; whatever is still running then is aborted by
@@ -31,8 +37,9 @@ from typing import Any
 
 from generator_svc.config import GeneratorSettings
 from generator_svc.engines.gate import SwapGate
+from generator_svc.engines.sleep import SleepState, memory_args
 from generator_svc.engines.vllm_outputs import to_completion
-from generator_svc.types import Completion, GeneratorInfo, SamplingConfig
+from generator_svc.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
 from generator_svc.worker_extension import group_to_json, plan_to_json
 from tandem.rpc import FailedPrecondition
 from tandem.weight_sync import BucketPlan, GroupSpec
@@ -44,7 +51,8 @@ _RPC_MARGIN_S = 30.0  # on top of the collective's own per-operation timeouts
 class VllmEngine:
     """`GenerationEngine` over vLLM's AsyncLLM; build with `await VllmEngine.start(settings, log)`."""
 
-    def __init__(self, llm: Any, settings: GeneratorSettings, engine_name: str, log: Any) -> None:
+    def __init__(self, llm: Any, settings: GeneratorSettings, engine_name: str, log: Any, *,
+                 sleep_mode: bool = False) -> None:
         self._llm = llm
         self._settings = settings
         self._engine_name = engine_name
@@ -55,6 +63,7 @@ class VllmEngine:
         self._swap_lock = asyncio.Lock()
         self._gate = SwapGate()
         self._draining = False
+        self._sleep = SleepState(sleep_mode)
 
     @classmethod
     async def start(cls, settings: GeneratorSettings, log: Any) -> VllmEngine:
@@ -62,10 +71,10 @@ class VllmEngine:
         # Importing vLLM and building the engine block for that long; a thread keeps the event
         # loop (and so the gRPC health service) answering meanwhile.
         started = time.monotonic()
-        llm, engine_name = await asyncio.to_thread(_build_async_llm, settings)
+        llm, engine_name, sleep_mode = await asyncio.to_thread(_build_async_llm, settings)
         built = time.monotonic()
         await llm.engine_core.set_weight_version_async("0")
-        engine = cls(llm, settings, engine_name, log)
+        engine = cls(llm, settings, engine_name, log, sleep_mode=sleep_mode)
         await engine._warm_up()
         log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1))
         return engine
@@ -87,7 +96,8 @@ class VllmEngine:
     def info(self) -> GeneratorInfo:
         s = self._settings
         return GeneratorInfo(model_name=s.model_name, weight_version=self._version, engine=self._engine_name,
-                             dtype=s.dtype, max_num_seqs=s.max_num_seqs, num_running=self._num_running)
+                             dtype=s.dtype, max_num_seqs=s.max_num_seqs, num_running=self._num_running,
+                             sleeping=self._sleep.asleep)
 
     async def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
                        request_id: str = "") -> AsyncIterator[Completion]:
@@ -113,6 +123,7 @@ class VllmEngine:
         if not self._serving:
             raise FailedPrecondition("generator weights are in an unknown state after a failed update; "
                                      "publish a new version to it before sending work")
+        self._sleep.check_can_generate()
 
     def _check_lengths(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> None:
         limit = self._settings.max_model_len
@@ -156,18 +167,48 @@ class VllmEngine:
         log = self._log.bind(weight_version=version, shared_memory_dir=directory)
         return await asyncio.shield(self._swap(version, log, lambda: self._stage_shared(directory, version, log)))
 
+    async def load_cuda_ipc_weights(self, buckets: Sequence[bytes], plan: BucketPlan, version: int) -> int:
+        if len(buckets) != len(plan.bucket_sizes_bytes):
+            raise ValueError(f"{len(buckets)} CUDA IPC handles for a plan of {len(plan.bucket_sizes_bytes)} buckets")
+        log = self._log.bind(weight_version=version, cuda_ipc=True)
+        return await asyncio.shield(self._swap(version, log, lambda: self._stage_cuda_ipc(buckets, plan, version, log)))
+
     async def _swap(self, version: int, log: Any, stage: Any) -> int:
         async with self._swap_lock:
             if self._serving and version < self._version:
                 raise ValueError(f"weight version {version} is older than the served version {self._version}")
+            self._sleep.check_can_load()
             # Receive first, while calls in flight go on (the worker stalls them only while the
             # bytes arrive): the trainer is not kept waiting for them to drain.
             await stage()
             async with self._gate.swap():  # calls in flight finish on the old weights; new ones wait
-                await self._llm.pause_generation(mode="wait", clear_cache=True)
-                await self._apply(version, log)  # on failure it raises and generation stays paused
-                await self._llm.resume_generation()
+                if self._sleep.asleep:  # the KV cache sleeps: the sleep paused the scheduler, the last wake-up resumes it
+                    await self._apply(version, log)
+                else:
+                    await self._llm.pause_generation(mode="wait", clear_cache=True)
+                    await self._apply(version, log)  # on failure it raises and generation stays paused
+                    await self._llm.resume_generation()
+            self._sleep.loaded()
             return self._version
+
+    async def sleep(self, level: int) -> tuple[MemoryKind, ...]:
+        self._sleep.check_sleep(level)
+        async with self._swap_lock:
+            if not self._sleep.asleep:
+                async with self._gate.swap():  # calls in flight finish first; those arriving wait, then are refused
+                    await self._llm.sleep(level)
+                    self._sleep.slept(level)
+                self._log.info("generator_asleep", level=level, weight_version=self._version)
+        return self._sleep.asleep
+
+    async def wake_up(self, memory: Sequence[MemoryKind] | None = None) -> tuple[MemoryKind, ...]:
+        async with self._swap_lock:
+            kinds = self._sleep.to_wake(memory)
+            if kinds:
+                await self._llm.wake_up(list(kinds))
+                self._sleep.woke(kinds)
+                self._log.info("generator_woke", memory=list(kinds), still_asleep=list(self._sleep.asleep))
+        return self._sleep.asleep
 
     async def _stage(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan, log: Any) -> None:
         started = time.monotonic()
@@ -193,6 +234,19 @@ class VllmEngine:
                                   f"{self._version} {'keeps serving' if self._serving else 'is not serving'}: "
                                   f"{exc}") from exc
         log.info("weights_loaded_from_shared_memory", tensors=counts[0], seconds=round(time.monotonic() - started, 3))
+
+    async def _stage_cuda_ipc(self, buckets: Sequence[bytes], plan: BucketPlan, version: int, log: Any) -> None:
+        started = time.monotonic()
+        try:
+            counts = await self._llm.collective_rpc("tandem_stage_cuda_ipc", timeout=300.0,
+                                                    args=(list(buckets), plan_to_json(plan), version))
+        except Exception as exc:  # as in _stage: the old weights are untouched
+            log.warning("weights_ipc_failed", error=f"{type(exc).__name__}: {exc}", serving=self._serving)
+            raise ConnectionError(f"reading weight version {version} through CUDA IPC failed, version "
+                                  f"{self._version} {'keeps serving' if self._serving else 'is not serving'}: "
+                                  f"{exc}") from exc
+        log.info("weights_read_through_cuda_ipc", tensors=counts[0], bytes=plan.total_bytes,
+                 seconds=round(time.monotonic() - started, 3))
 
     async def _apply(self, version: int, log: Any) -> None:
         """Swap the staged version in (generation is paused)."""
@@ -230,11 +284,14 @@ class VllmEngine:
             llm.shutdown = lambda timeout=None: None
 
 
-def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str]:
+def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool]:
+    """The engine, its name and whether it runs in sleep mode."""
     import vllm
     from vllm import AsyncEngineArgs
+    from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    memory = memory_args(settings, current_platform.device_type)
     # Chunked prefill off: a seeded request whose prompt is split over two steps makes vLLM
     # rewind its sampling generator's offset, which CPU generators do not have ("CPU Generator
     # does not use offset") and the engine dies. Whole prompts then fit one step's budget.
@@ -243,5 +300,5 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str]:
         max_num_seqs=settings.max_num_seqs, seed=settings.seed, enforce_eager=settings.enforce_eager,
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
-        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True)
-    return AsyncLLM.from_engine_args(args), f"vllm {vllm.__version__}"
+        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory)
+    return AsyncLLM.from_engine_args(args), f"vllm {vllm.__version__}", memory.get("enable_sleep_mode", False)

@@ -156,6 +156,7 @@ def test_grpo_step_with_dynamic_sampling_logs_its_counters(monkeypatch):
     ctx.cursor = SimpleNamespace(next_batch=lambda n: [Example(f"q{i}", "a", "t") for i in range(n)])
     ctx.tokens = SimpleNamespace(prompt=lambda text: [1, 2])
     ctx.publish = lambda: SimpleNamespace(version=1)
+    ctx.release_generators = lambda: None
     metrics = grpo_module.grpo_step(ctx, 1)
     assert metrics["dynamic_sampling_num_gen_batches"] == 2.0
     assert metrics["dynamic_sampling_num_zero_variance_groups"] == 2.0

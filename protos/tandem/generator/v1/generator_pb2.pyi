@@ -8,12 +8,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MemoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMORY_KIND_UNSPECIFIED: _ClassVar[MemoryKind]
+    MEMORY_KIND_WEIGHTS: _ClassVar[MemoryKind]
+    MEMORY_KIND_KV_CACHE: _ClassVar[MemoryKind]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+MEMORY_KIND_UNSPECIFIED: MemoryKind
+MEMORY_KIND_WEIGHTS: MemoryKind
+MEMORY_KIND_KV_CACHE: MemoryKind
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -72,34 +81,38 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("model_name", "weight_version", "engine", "dtype", "max_num_seqs", "num_running")
+    __slots__ = ("model_name", "weight_version", "engine", "dtype", "max_num_seqs", "num_running", "sleeping")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     weight_version: int
     engine: str
     dtype: str
     max_num_seqs: int
     num_running: int
-    def __init__(self, model_name: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., dtype: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., num_running: _Optional[int] = ...) -> None: ...
+    sleeping: _containers.RepeatedScalarFieldContainer[MemoryKind]
+    def __init__(self, model_name: _Optional[str] = ..., weight_version: _Optional[int] = ..., engine: _Optional[str] = ..., dtype: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., num_running: _Optional[int] = ..., sleeping: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...
 
 class ReceiveWeightsRequest(_message.Message):
-    __slots__ = ("group", "rank", "version", "bucket_plan", "shared_memory_dir")
+    __slots__ = ("group", "rank", "version", "bucket_plan", "shared_memory_dir", "cuda_ipc_buckets")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BUCKET_PLAN_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_DIR_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_BUCKETS_FIELD_NUMBER: _ClassVar[int]
     group: _common_pb2.WeightSyncGroup
     rank: int
     version: int
     bucket_plan: _common_pb2.BucketPlan
     shared_memory_dir: str
-    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., rank: _Optional[int] = ..., version: _Optional[int] = ..., bucket_plan: _Optional[_Union[_common_pb2.BucketPlan, _Mapping]] = ..., shared_memory_dir: _Optional[str] = ...) -> None: ...
+    cuda_ipc_buckets: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., rank: _Optional[int] = ..., version: _Optional[int] = ..., bucket_plan: _Optional[_Union[_common_pb2.BucketPlan, _Mapping]] = ..., shared_memory_dir: _Optional[str] = ..., cuda_ipc_buckets: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReceiveWeightsResponse(_message.Message):
     __slots__ = ("weight_version", "duration_ms")
@@ -108,3 +121,27 @@ class ReceiveWeightsResponse(_message.Message):
     weight_version: int
     duration_ms: int
     def __init__(self, weight_version: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class SleepRequest(_message.Message):
+    __slots__ = ("level",)
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    def __init__(self, level: _Optional[int] = ...) -> None: ...
+
+class SleepResponse(_message.Message):
+    __slots__ = ("sleeping",)
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    sleeping: _containers.RepeatedScalarFieldContainer[MemoryKind]
+    def __init__(self, sleeping: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...
+
+class WakeUpRequest(_message.Message):
+    __slots__ = ("memory",)
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    memory: _containers.RepeatedScalarFieldContainer[MemoryKind]
+    def __init__(self, memory: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...
+
+class WakeUpResponse(_message.Message):
+    __slots__ = ("sleeping",)
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    sleeping: _containers.RepeatedScalarFieldContainer[MemoryKind]
+    def __init__(self, sleeping: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...

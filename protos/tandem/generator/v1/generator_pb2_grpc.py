@@ -51,6 +51,16 @@ class GeneratorServiceStub:
                 request_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ReceiveWeightsRequest.SerializeToString,
                 response_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ReceiveWeightsResponse.FromString,
                 _registered_method=True)
+        self.Sleep = channel.unary_unary(
+                '/tandem.generator.v1.GeneratorService/Sleep',
+                request_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.SleepRequest.SerializeToString,
+                response_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.SleepResponse.FromString,
+                _registered_method=True)
+        self.WakeUp = channel.unary_unary(
+                '/tandem.generator.v1.GeneratorService/WakeUp',
+                request_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpRequest.SerializeToString,
+                response_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpResponse.FromString,
+                _registered_method=True)
 
 
 class GeneratorServiceServicer:
@@ -79,6 +89,21 @@ class GeneratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sleep(self, request, context):
+        """Colocated on a GPU: free device memory for the trainer (vLLM sleep mode); generation is
+        refused until WakeUp has woken everything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WakeUp(self, request, context):
+        """Bring memory back after Sleep: weights first (to receive a new version), then the KV cache.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +121,16 @@ def add_GeneratorServiceServicer_to_server(servicer, server):
                     servicer.ReceiveWeights,
                     request_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ReceiveWeightsRequest.FromString,
                     response_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ReceiveWeightsResponse.SerializeToString,
+            ),
+            'Sleep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sleep,
+                    request_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.SleepRequest.FromString,
+                    response_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.SleepResponse.SerializeToString,
+            ),
+            'WakeUp': grpc.unary_unary_rpc_method_handler(
+                    servicer.WakeUp,
+                    request_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpRequest.FromString,
+                    response_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +216,60 @@ class GeneratorService:
             '/tandem.generator.v1.GeneratorService/ReceiveWeights',
             tandem_dot_generator_dot_v1_dot_generator__pb2.ReceiveWeightsRequest.SerializeToString,
             tandem_dot_generator_dot_v1_dot_generator__pb2.ReceiveWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sleep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.generator.v1.GeneratorService/Sleep',
+            tandem_dot_generator_dot_v1_dot_generator__pb2.SleepRequest.SerializeToString,
+            tandem_dot_generator_dot_v1_dot_generator__pb2.SleepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WakeUp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.generator.v1.GeneratorService/WakeUp',
+            tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpRequest.SerializeToString,
+            tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpResponse.FromString,
             options,
             channel_credentials,
             insecure,

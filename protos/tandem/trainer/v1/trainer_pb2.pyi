@@ -254,3 +254,31 @@ class ExportHfResponse(_message.Message):
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     num_tensors: int
     def __init__(self, num_tensors: _Optional[int] = ...) -> None: ...
+
+class ExportCudaIpcWeightsRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class ExportCudaIpcWeightsResponse(_message.Message):
+    __slots__ = ("buckets", "num_bytes", "duration_ms")
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    buckets: _containers.RepeatedScalarFieldContainer[bytes]
+    num_bytes: int
+    duration_ms: int
+    def __init__(self, buckets: _Optional[_Iterable[bytes]] = ..., num_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class ReleaseCudaIpcWeightsRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class ReleaseCudaIpcWeightsResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...

@@ -71,6 +71,16 @@ class TrainerServiceStub:
                 request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportHfRequest.SerializeToString,
                 response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportHfResponse.FromString,
                 _registered_method=True)
+        self.ExportCudaIpcWeights = channel.unary_unary(
+                '/tandem.trainer.v1.TrainerService/ExportCudaIpcWeights',
+                request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportCudaIpcWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportCudaIpcWeightsResponse.FromString,
+                _registered_method=True)
+        self.ReleaseCudaIpcWeights = channel.unary_unary(
+                '/tandem.trainer.v1.TrainerService/ReleaseCudaIpcWeights',
+                request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseCudaIpcWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseCudaIpcWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -127,6 +137,21 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportCudaIpcWeights(self, request, context):
+        """Colocated on GPUs: pack the current weights into the bucket plan's buckets on rank 0's device
+        and return a CUDA IPC handle per bucket; the buckets stay alive until ReleaseCudaIpcWeights.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseCudaIpcWeights(self, request, context):
+        """Free the buckets of an ExportCudaIpcWeights once every generator has read them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +189,16 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.ExportHf,
                     request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportHfRequest.FromString,
                     response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportHfResponse.SerializeToString,
+            ),
+            'ExportCudaIpcWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportCudaIpcWeights,
+                    request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportCudaIpcWeightsRequest.FromString,
+                    response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportCudaIpcWeightsResponse.SerializeToString,
+            ),
+            'ReleaseCudaIpcWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseCudaIpcWeights,
+                    request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseCudaIpcWeightsRequest.FromString,
+                    response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseCudaIpcWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,6 +392,60 @@ class TrainerService:
             '/tandem.trainer.v1.TrainerService/ExportHf',
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportHfRequest.SerializeToString,
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportHfResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportCudaIpcWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.trainer.v1.TrainerService/ExportCudaIpcWeights',
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportCudaIpcWeightsRequest.SerializeToString,
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportCudaIpcWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseCudaIpcWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.trainer.v1.TrainerService/ReleaseCudaIpcWeights',
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseCudaIpcWeightsRequest.SerializeToString,
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.ReleaseCudaIpcWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

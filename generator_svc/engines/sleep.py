@@ -1,0 +1,80 @@
+"""vLLM sleep mode for colocated generators on a GPU: what the engine has released and what
+it may do meanwhile, plus the memory arguments the engine starts with.
+
+Sleep (level 1: weights offloaded to host memory, KV cache discarded; level 2: both discarded)
+frees the device for the trainer. While anything sleeps, Generate is refused; a new version
+may be loaded once the weights are awake (the coordinator wakes weights, publishes, then wakes
+the KV cache, and generation resumes with the last wake-up). vLLM on CPU has no sleep mode, so
+a generator that was not started with it refuses Sleep instead of pretending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, get_args
+
+from generator_svc.config import GeneratorSettings
+from generator_svc.types import MemoryKind
+from tandem.colocation import resolve_colocation
+from tandem.rpc import FailedPrecondition
+
+ALL_MEMORY: tuple[MemoryKind, ...] = get_args(MemoryKind)
+
+
+def memory_args(settings: GeneratorSettings, device_type: str) -> dict[str, Any]:
+    """vLLM engine arguments for the device memory: on CUDA its share of the GPU and sleep mode
+    where colocated (tandem.colocation decides); on CPU none (VLLM_CPU_KVCACHE_SPACE sizes the cache)."""
+    if device_type != "cuda":
+        return {}
+    return {"gpu_memory_utilization": settings.gpu_memory_utilization,
+            "enable_sleep_mode": resolve_colocation(settings.colocated, device_type).sleeps}
+
+
+class SleepState:
+    """The memory a generator has released, and the checks that follow from it."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._asleep: set[MemoryKind] = set()
+        self._weights_discarded = False  # level 2: the weights are gone until a version is loaded
+
+    @property
+    def asleep(self) -> tuple[MemoryKind, ...]:
+        return tuple(kind for kind in ALL_MEMORY if kind in self._asleep)
+
+    def check_sleep(self, level: int) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (weights to host memory) or 2 (weights discarded), got {level}")
+        if not self.enabled:
+            raise FailedPrecondition("this generator runs without vLLM sleep mode (it is enabled only for colocated "
+                                     "generators on a GPU; vLLM on CPU frees nothing): there is nothing to sleep")
+
+    def slept(self, level: int) -> None:
+        self._asleep = set(ALL_MEMORY)
+        self._weights_discarded = level == 2
+
+    def to_wake(self, memory: Sequence[MemoryKind] | None) -> list[MemoryKind]:
+        """The asleep kinds among `memory` (None or empty: all), in vLLM's order."""
+        wanted = set(memory or ALL_MEMORY)
+        unknown = wanted - set(ALL_MEMORY)
+        if unknown:
+            raise ValueError(f"unknown memory kinds {sorted(unknown)}; known: {list(ALL_MEMORY)}")
+        return [kind for kind in ALL_MEMORY if kind in wanted and kind in self._asleep]
+
+    def woke(self, kinds: Sequence[MemoryKind]) -> None:
+        self._asleep -= set(kinds)
+
+    def loaded(self) -> None:
+        """A complete version was loaded into the (awake) weights."""
+        self._weights_discarded = False
+
+    def check_can_generate(self) -> None:
+        if self._asleep:
+            raise FailedPrecondition(f"the generator is asleep ({', '.join(self.asleep)} released for the colocated "
+                                     "trainer): wake it up before sending work")
+        if self._weights_discarded:
+            raise FailedPrecondition("a level-2 sleep discarded the weights: publish a version before sending work")
+
+    def check_can_load(self) -> None:
+        if "weights" in self._asleep:
+            raise FailedPrecondition("the generator's weights are asleep: wake up the weights before loading a version")

@@ -1,0 +1,214 @@
+"""The step's sequencing by colocation, against fake trainer and generators (no sockets, no GPU):
+colocated on GPUs the generators sleep after the rollouts, the trainer trains, weights wake, the
+version passes by CUDA IPC (exported, read, released), then the KV cache wakes; a generator never
+generates while anything of it sleeps. On CPU (shared memory) and with dedicated generators
+nothing sleeps. Also the config checks of the generators' GPU memory share."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import pytest
+import structlog
+import torch
+
+from coordinator.algorithms import grpo as grpo_module
+from coordinator.algorithms.context import LoopContext
+from coordinator.algorithms.groups import RolloutGroups
+from coordinator.config import ConfigError, load_config
+from coordinator.data import Example
+from coordinator.launch import generator_settings
+from coordinator.multiturn import Episode
+from coordinator.rollout import GeneratorHandle
+from generator_svc.types import GeneratorInfo
+from tandem.weight_sync import make_bucket_plan
+from trainer_svc.types import CudaIpcExport, PublishResult, StepResult
+
+PLAN = make_bucket_plan([("w", (4,), torch.float32)])
+
+
+class FakeTrainer:
+    def __init__(self, events, device_type):
+        self.events, self.device_type, self.step = events, device_type, 0
+
+    def info(self):
+        return SimpleNamespace(weight_sync_store_address="127.0.0.1:1", bucket_plan=PLAN,
+                               device_type=self.device_type, global_step=self.step)
+
+    def train_step(self, samples, loss, *, global_batch_size, micro_batch_size, learning_rate=None):
+        self.events.append(("trainer", "train"))
+        self.step += 1
+        return StepResult({"loss": 0.0}, self.step)
+
+    def export_cuda_ipc(self, version):
+        self.events.append(("trainer", "export", version))
+        return CudaIpcExport(version, (b"handle",), PLAN.total_bytes, 1)
+
+    def release_cuda_ipc(self, version):
+        self.events.append(("trainer", "release", version))
+        return True
+
+    def export_hf(self, path):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "model.safetensors").write_bytes(b"x")
+        self.events.append(("trainer", "export_hf"))
+        return 1
+
+    def publish_weights(self, group, version):
+        self.events.append(("trainer", "broadcast", version))
+        return PublishResult(16, 1)
+
+
+class Dead(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "gone"
+
+
+class FakeGenerator:
+    """A generator client that refuses, like the real engine, to generate while asleep."""
+
+    def __init__(self, name, events, dies_on_sleep=False):
+        self.name, self.events, self.asleep, self.version = name, events, set(), 0
+        self.dies_on_sleep = dies_on_sleep
+
+    def info(self, timeout_s=0):
+        return GeneratorInfo("m", self.version, "fake", "float32", 8, 0, tuple(sorted(self.asleep)))
+
+    def generate(self, prompts, sampling, request_id="", timeout_s=0):
+        assert not self.asleep, f"{self.name} asked to generate while {self.asleep} sleep"
+        self.events.append((self.name, "generate"))
+        return iter(())
+
+    def sleep(self, level=1, timeout_s=0):
+        if self.dies_on_sleep:
+            raise Dead()
+        self.events.append((self.name, "sleep", level))
+        self.asleep = {"weights", "kv_cache"}
+        return tuple(sorted(self.asleep))
+
+    def wake_up(self, memory=None, timeout_s=0):
+        self.events.append((self.name, "wake", *memory))
+        self.asleep -= set(memory)
+        return tuple(sorted(self.asleep))
+
+    def load_cuda_ipc_weights(self, buckets, plan, version, timeout_s=0):
+        assert "weights" not in self.asleep and buckets == (b"handle",) and plan == PLAN
+        self.events.append((self.name, "load_ipc", version))
+        self.version = version
+        return version
+
+    def load_shared_weights(self, directory, version, timeout_s=0):
+        self.events.append((self.name, "load_shared", version))
+        self.version = version
+        return version
+
+    def receive_weights(self, group, rank, version, plan, timeout_s=0):
+        self.events.append((self.name, "receive", version))
+        self.version = version
+        return version
+
+
+class FakeServices:
+    def __init__(self, trainer, generators):
+        self.trainer, self.weights, self.failed = trainer, None, []
+        self._handles = [GeneratorHandle(g.name, g, 8) for g in generators]
+
+    def all_generators(self):
+        return [h for h in self._handles if h.member_id not in self.failed]
+
+    def generators(self):
+        handles = self.all_generators()
+        return handles if self.weights is None else self.weights.admit(handles)
+
+    def generator_failed(self, handle, exc):
+        self.failed.append(handle.member_id)
+
+
+def _fake_collect(ctx, batch, prompts, sampling):
+    """Generation through every admitted generator, then fixed episodes (rewards with variance)."""
+    for handle in ctx.services.generators():
+        list(handle.client.generate(prompts, sampling))
+    return [[Episode("t", [3, 4], [-1.0, -1.0], None, float(g), g > 0, "stop", 1) for g in range(2)]
+            for _ in prompts]
+
+
+def _loop(monkeypatch, colocated, device_type, dies_on_sleep=False):
+    monkeypatch.setattr(grpo_module, "collect_episodes", _fake_collect)
+    cfg = load_config(overrides=["policy.train_global_batch_size=4", "grpo.num_prompts_per_step=2",
+                                 "grpo.num_generations_per_prompt=2", "cluster.num_generators=2",
+                                 f"policy.generation.colocated.enabled={str(colocated).lower()}"])
+    events = []
+    generators = [FakeGenerator("g0", events), FakeGenerator("g1", events, dies_on_sleep)]
+    services = FakeServices(FakeTrainer(events, device_type), generators)
+    examples = [Example(f"q{i}", "a", "arithmetic") for i in range(8)]
+    ctx = LoopContext.connect(cfg, services, SimpleNamespace(prompt=lambda text: [1, 2]), examples, 0,
+                              structlog.get_logger())
+    return ctx, events, generators
+
+
+def _of(events, actor):
+    return [e[1:] for e in events if e[0] == actor]
+
+
+def test_colocated_gpu_generators_sleep_from_rollouts_to_publish(monkeypatch):
+    ctx, events, generators = _loop(monkeypatch, colocated=True, device_type="cuda")
+    ctx.publish()  # the first version: nothing sleeps yet
+    for step in (1, 2):
+        metrics = grpo_module.grpo_step(ctx, step)
+        assert metrics["weight_version"] == step + 1
+    for g in ("g0", "g1"):
+        assert _of(events, g) == [("load_ipc", 1),
+                                  ("generate",), ("sleep", 1), ("wake", "weights"), ("load_ipc", 2), ("wake", "kv_cache"),
+                                  ("generate",), ("sleep", 1), ("wake", "weights"), ("load_ipc", 3), ("wake", "kv_cache")]
+    assert _of(events, "trainer") == [("export", 1), ("release", 1), ("train",), ("export", 2), ("release", 2),
+                                      ("train",), ("export", 3), ("release", 3)]
+    trains = [i for i, e in enumerate(events) if e == ("trainer", "train")]
+    for version, previous, train in ((2, -1, trains[0]), (3, trains[0], trains[1])):
+        def after(start, event):
+            return events.index(event, start + 1)
+
+        sleeps = [after(previous, (g, "sleep", 1)) for g in ("g0", "g1")]
+        wakes_w = [after(train, (g, "wake", "weights")) for g in ("g0", "g1")]
+        loads = [after(train, (g, "load_ipc", version)) for g in ("g0", "g1")]
+        wakes_kv = [after(train, (g, "wake", "kv_cache")) for g in ("g0", "g1")]
+        assert max(sleeps) < train < min(wakes_w)  # the trainer trains while every generator sleeps
+        assert max(wakes_w) < after(train, ("trainer", "export", version)) < min(loads)
+        assert max(loads) < after(train, ("trainer", "release", version)) < min(wakes_kv)  # held until all read
+    assert all(not g.asleep for g in generators) and ctx.phases.asleep == []
+
+
+def test_colocated_cpu_and_dedicated_generators_never_sleep(monkeypatch):
+    for colocated, device_type, load in ((True, "cpu", "load_shared"), (False, "cuda", "receive"),
+                                         (False, "cpu", "receive")):
+        ctx, events, _ = _loop(monkeypatch, colocated, device_type)
+        ctx.publish()
+        grpo_module.grpo_step(ctx, 1)
+        assert not any(e[1] in ("sleep", "wake", "export", "release") for e in events), events
+        assert _of(events, "g0") == [(load, 1), ("generate",), (load, 2)]
+
+
+def test_a_generator_unreachable_at_sleep_is_dropped_and_the_step_goes_on(monkeypatch):
+    ctx, events, _ = _loop(monkeypatch, colocated=True, device_type="cuda", dies_on_sleep=True)
+    ctx.publish()
+    grpo_module.grpo_step(ctx, 1)
+    assert ctx.services.failed == ["g1"]
+    assert _of(events, "g0")[-3:] == [("wake", "weights"), ("load_ipc", 2), ("wake", "kv_cache")]
+
+
+def test_gpu_memory_share_of_the_generators_is_validated_and_resolved():
+    scratch = Path(".tandem/scratch")  # vLLM's socket paths must stay short
+    for bad in ("0", "1.2", "-0.1"):
+        with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+            load_config(overrides=[f"policy.generation.vllm_cfg.gpu_memory_utilization={bad}"])
+    with pytest.raises(ConfigError, match="leaves nothing of the GPU"):
+        load_config(overrides=["policy.generation.colocated.enabled=true", "cluster.num_generators=2",
+                               "policy.generation.vllm_cfg.gpu_memory_utilization=0.5"])
+    dedicated = load_config(overrides=["policy.generation.vllm_cfg.gpu_memory_utilization=0.7"])
+    assert generator_settings(dedicated, "m", 0, scratch).gpu_memory_utilization == 0.7
+    assert generator_settings(load_config(), "m", 0, scratch).gpu_memory_utilization == 0.9
+    colocated = load_config(overrides=["policy.generation.colocated.enabled=true", "cluster.num_generators=2"])
+    settings = generator_settings(colocated, "m", 0, scratch)
+    assert settings.colocated and settings.gpu_memory_utilization == 0.25
