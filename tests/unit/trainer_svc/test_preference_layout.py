@@ -2,6 +2,7 @@
 the classifier config a reward model is loaded with and exported under."""
 
 import pytest
+import torch
 from transformers import AutoConfig
 
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -30,6 +31,7 @@ def test_split_pairs_are_refused(samples, gbs, mbs, message):
 
 class _Backend:
     rank, world_size, vocab_size = 0, 1, 16
+    device = torch.device("cpu")
 
 
 def _engine(reward_model: bool) -> TrainerEngine:
