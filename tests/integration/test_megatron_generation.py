@@ -8,6 +8,7 @@ weight version follows each publish; and weights a train step moved are not samp
 they are published."""
 
 import math
+from pathlib import Path
 
 import grpc
 import pytest
@@ -99,3 +100,25 @@ def test_the_generation_version_follows_the_publishes(ctx):
     _, completions = _sample(ctx, seed=1)
     assert {c.weight_version for c in completions} == {before + 1}
     assert ctx.services.generators()[0].client.info().weight_version == before + 1
+
+
+def test_a_grpo_run_completes_with_the_megatron_recipe(tmp_path, monkeypatch):
+    """`tandem run examples/configs/grpo_megatron.yaml` with policy.generation.backend=megatron,
+    shortened: SFT warm start, validations, GRPO steps, summary."""
+    from coordinator.api import GRPOTrainer
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TANDEM_MEGATRON_CHECKPOINT_DIR", str(tmp_path / "megatron-cache"))
+    monkeypatch.delenv("TANDEM_TOKEN", raising=False)
+    recipe = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_megatron.yaml"
+    summary = GRPOTrainer(recipe, **{
+        "policy.generation.backend": "megatron", "logger.log_dir": str(tmp_path / "runs"), "logger.run_name": "mgen",
+        "logger.tensorboard_enabled": False, "logger.plot_enabled": False, "checkpointing.enabled": False,
+        "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 4, "grpo.max_num_steps": 2,
+        "grpo.max_val_samples": 16, "policy.train_global_batch_size": 16, "policy.train_micro_batch_size": 16,
+        "sft.max_num_steps": 10, "sft.val_period": 10}).train()
+    grpo = [row for row in summary["metrics"] if row["phase"] == "grpo"]
+    assert [r["step"] for r in grpo] == [1, 2] and all(r["num_samples"] == 16 for r in grpo)
+    assert [r["weight_version"] for r in grpo] == sorted({r["weight_version"] for r in grpo})  # one publish a step
+    assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
+    assert not list((Path(summary["run_dir"]) / "services").glob("generator-*.json"))  # no generator service
