@@ -80,14 +80,20 @@ class Decoder:
         active = list(range(len(rows)))
         while active:
             logits = self._model.last_token_logits([seqs[r] for r in active])
-            message = torch.zeros(1 + len(active), dtype=torch.long)  # [abort flag, token of each active row]
+            message = torch.zeros(1 + len(active), dtype=torch.long)  # [stop flag, token of each active row]
+            error = None
             if self._rank == 0:
                 assert logits is not None and sink is not None, "rank 0 samples"
-                tokens, token_logprobs = sample_tokens(logits.cpu(), s.temperature, s.top_k, s.top_p,
-                                                       [streams[r] for r in active])
-                message[0] = int(sink.aborted())
-                message[1:] = torch.tensor(tokens, dtype=torch.long)
+                try:
+                    tokens, token_logprobs = sample_tokens(logits.cpu(), s.temperature, s.top_k, s.top_p,
+                                                           [streams[r] for r in active])
+                    message[1:] = torch.tensor(tokens, dtype=torch.long)
+                    message[0] = int(sink.aborted())
+                except Exception as exc:  # stop the other ranks too, or they would wait in the next forward
+                    error, message[0] = exc, 1
             dist.broadcast(message, src=0, group=self._group)
+            if error is not None:
+                raise error
             if message[0]:
                 return False
             still = []

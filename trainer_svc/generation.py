@@ -68,7 +68,13 @@ class TrainerGenerationEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         aborted = threading.Event()
-        sink = DecodeSink(lambda c: loop.call_soon_threadsafe(queue.put_nowait, c), aborted.is_set)
+        def emit(completion: Completion) -> None:  # on the engine thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, completion)
+            except RuntimeError:  # the event loop is gone (shutdown): nobody waits for the rest
+                aborted.set()
+
+        sink = DecodeSink(emit, aborted.is_set)
         rows = len(prompts) * sampling.n
         self._num_running += rows
         try:

@@ -139,22 +139,21 @@ async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-engine")
     servicer = TrainerServicer(engine, executor)
     register, names = [lambda s: pb_grpc.add_TrainerServiceServicer_to_server(servicer, s)], [SERVICE_NAME]
-    generator = None
+    generator = GeneratorServicer(log)
     if engine.serves_generation:
-        generator = GeneratorServicer(log)
         generator.engine = TrainerGenerationEngine.build(engine, settings, executor)
         register.append(lambda s: generator_pb_grpc.add_GeneratorServiceServicer_to_server(generator, s))
         names.append(GENERATOR_SERVICE_NAME)
-    running = await start_server(register, names, host=args.host, port=args.port, token=token, log=log)
+    running = generator.running = await start_server(register, names, host=args.host, port=args.port, token=token,
+                                                     log=log)
     address = f"{args.advertise_host or args.host}:{running.port}"
     fingerprint = engine.info().model_fingerprint
     also = []
-    if generator is not None:
-        generator.running = running
-        gen = generator.engine
+    if generator.engine is not None:
+        info = generator.engine.info
         also.append((Announcement("generator", address, fingerprint, capacity=settings.generation.max_num_seqs,
                                   shares_trainer_weights=True),
-                     lambda: Load(num_inflight=gen.info().num_running, weight_version=engine.weight_version)))
+                     lambda: Load(num_inflight=info().num_running, weight_version=info().weight_version)))
     try:
         await service.serve(running, args, Announcement("trainer", address, fingerprint),
                             lambda: Load(weight_version=engine.weight_version), log, also=also)
