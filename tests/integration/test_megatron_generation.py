@@ -1,5 +1,5 @@
 """policy.generation.backend: megatron through the real services: a torchrun trainer at TP=2
-serves the rollouts from its own Megatron model (no generator service, no weight transfer),
+or PP=2 serves the rollouts from its own Megatron model (no generator service, no weight transfer),
 registered as a generator that shares its weights, and GRPO runs on the embedded task.
 
 Checked: every GRPO step gets all its samples and is on-policy; the sampled tokens' logprobs
@@ -28,19 +28,21 @@ from trainer_svc.types import Sample
 
 pytestmark = pytest.mark.integration
 
+LAYOUTS = {"tp2": "policy.megatron_cfg.tensor_model_parallel_size=2",  # vocab-parallel logits gathered
+           "pp2": "policy.megatron_cfg.pipeline_model_parallel_size=2"}  # logits sent from the last stage
 OVERRIDES = [
     "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false", "policy.generation.backend=megatron",
-    "policy.megatron_cfg.tensor_model_parallel_size=2", "cluster.trainer_ranks=2", "logger.tensorboard_enabled=false",
+    "cluster.trainer_ranks=2", "logger.tensorboard_enabled=false",
     "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
     "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8"]
 
 
-@pytest.fixture(scope="module")
-def ctx(tmp_path_factory):
-    root = tmp_path_factory.mktemp("megatron-generation")
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def ctx(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"megatron-generation-{request.param}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TANDEM_MEGATRON_CHECKPOINT_DIR", str(root / "megatron-cache"))
-        cfg = load_config(overrides=[*OVERRIDES, f"logger.log_dir={root}"])
+        cfg = load_config(overrides=[*OVERRIDES, LAYOUTS[request.param], f"logger.log_dir={root}"])
         model_dir = str(ensure_tiny_model(root / "cache"))
         train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
         run_dir = root / "run"
