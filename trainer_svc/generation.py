@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor
 from importlib.metadata import version
 
-from generator_svc.types import Completion, GeneratorInfo, SamplingConfig
+from generator_svc.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
 from tandem.rpc import FailedPrecondition
 from tandem.weight_sync import BucketPlan, GroupSpec
 from trainer_svc.config import TrainerSettings
@@ -98,6 +98,15 @@ class TrainerGenerationEngine:
 
     async def load_shared_weights(self, directory: str, version: int) -> int:
         raise FailedPrecondition("this generator serves the trainer's own weights: there is nothing to load")
+
+    async def load_cuda_ipc_weights(self, buckets: Sequence[bytes], plan: BucketPlan, version: int) -> int:
+        raise FailedPrecondition("this generator serves the trainer's own weights: there is nothing to load")
+
+    async def sleep(self, level: int) -> tuple[MemoryKind, ...]:
+        raise FailedPrecondition("this generator is the trainer itself: it has no sleep mode")
+
+    async def wake_up(self, memory: Sequence[MemoryKind] | None = None) -> tuple[MemoryKind, ...]:
+        return ()  # never asleep
 
     def info(self) -> GeneratorInfo:
         return GeneratorInfo(model_name=self._trainer.model_name, weight_version=self._trainer.weight_version,
