@@ -107,8 +107,9 @@ class LocalCluster:
             return self.server.start()
 
     def restart_trainer(self) -> None:
-        """Relaunch the trainer (its process group is killed first) and wait until it registers."""
-        old = self.registry.live("trainer")
+        """Relaunch the trainer (its process group is killed first) and wait until it registers;
+        the generator it served itself (policy.generation.backend megatron) goes with it."""
+        old = [m for m in self.registry.live() if m.kind == "trainer" or m.shares_trainer_weights]
         self.launcher.restart("trainer")
         for member in old:
             self.registry.remove(member.member_id, reason="trainer relaunched")

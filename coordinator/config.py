@@ -7,6 +7,7 @@ sft.*, loss_fn.*, data.*, env.*, cluster.*, checkpointing.*, logger.*. Each serv
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -279,6 +280,9 @@ class ExperimentConfig(_Section):
         if self.algorithm.uses_rollouts and self.grpo.max_num_steps and samples % self.policy.train_global_batch_size:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size}) must divide "
                              f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples})")
+        if self.policy.generation.backend == "megatron" and self.cluster.num_generators != 1:
+            warnings.warn("cluster.num_generators is ignored with policy.generation.backend=megatron: the trainer "
+                          "is the one generator", stacklevel=2)
         if self.data.default_task not in self.env:
             raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
         return self

@@ -1,6 +1,6 @@
 """The `policy.*` section of the experiment configuration (NeMo-RL's keys): the model, batch
 sizes, optimizer, the training backend (`dtensor_cfg` / `megatron_cfg`, resolved once at load
-into a `TrainingBackend`), sequence packing and generation (vLLM, colocated or dedicated).
+into a `TrainingBackend`), sequence packing and generation (vLLM, colocated or dedicated, or the trainer's own Megatron model).
 """
 
 from __future__ import annotations
@@ -131,8 +131,19 @@ class ColocatedConfig(_Section):
         return self
 
 
+class MegatronGenerationConfig(_Section):
+    """policy.generation.mcore_generation_config: generation served by the trainer's own Megatron
+    model (generation.backend: megatron)."""
+
+    max_num_seqs: int = Field(256, gt=0)
+    """Sequences decoded at once (the generator's capacity); a larger request runs in chunks."""
+
+
 class GenerationConfig(_Section):
-    backend: Literal["vllm"] = "vllm"
+    backend: Literal["vllm", "megatron"] = "vllm"
+    """vllm: dedicated (or colocated) vLLM generator services, weights sent to them after each
+    step. megatron: the trainer serves generation from its own Megatron model (needs
+    policy.megatron_cfg.enabled); no generator service runs and no weights travel."""
     colocated: ColocatedConfig = ColocatedConfig()
     max_new_tokens: int = Field(4, gt=0)
     """Completion budget: 3 digits + EOS for the embedded task."""
@@ -140,6 +151,21 @@ class GenerationConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = None
     vllm_cfg: VllmConfig = VllmConfig()
+    mcore_generation_config: MegatronGenerationConfig = MegatronGenerationConfig()
+
+    @model_validator(mode="after")
+    def _backend_options(self) -> GenerationConfig:
+        if self.backend == "megatron":
+            if self.colocated.enabled:
+                raise ValueError("policy.generation.backend=megatron generates with the trainer's own model (there "
+                                 "is nothing to colocate): set policy.generation.colocated.enabled=false")
+            if self.vllm_cfg != VllmConfig():
+                warnings.warn("policy.generation.vllm_cfg is ignored with policy.generation.backend=megatron",
+                              stacklevel=2)
+        elif self.mcore_generation_config != MegatronGenerationConfig():
+            warnings.warn("policy.generation.mcore_generation_config is ignored with policy.generation.backend="
+                          f"{self.backend}", stacklevel=2)
+        return self
 
 
 class PolicyConfig(_Section):
@@ -171,6 +197,9 @@ class PolicyConfig(_Section):
         if self.backend is TrainingBackend.MEGATRON and self.sequence_packing.enabled:
             raise ValueError("policy.sequence_packing is implemented by the DTensor backend only; set "
                              "policy.sequence_packing.enabled=false or policy.megatron_cfg.enabled=false")
+        if self.generation.backend == "megatron" and self.backend is not TrainingBackend.MEGATRON:
+            raise ValueError("policy.generation.backend=megatron generates with the trainer's Megatron model: set "
+                             "policy.megatron_cfg.enabled=true (or policy.generation.backend=vllm)")
         return self
 
     @field_validator("model_name")

@@ -28,6 +28,9 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
         "reward_model_cfg": policy.reward_model_cfg.model_dump(),
         "megatron_cfg": policy.megatron_cfg.model_dump(),
         "weight_sync_host": cfg.cluster.host,
+        "generation": {"enabled": policy.generation.backend == "megatron",
+                       "max_num_seqs": policy.generation.mcore_generation_config.max_num_seqs,
+                       "max_model_len": policy.max_total_sequence_length},
     })
 
 
@@ -78,8 +81,8 @@ def scratch_root(run_dir: Path) -> Path:
 
 def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
                launcher: LocalLauncher) -> None:
-    """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators and one
-    reward service per task."""
+    """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators (none when
+    the trainer generates itself: policy.generation.backend megatron) and one reward service per task."""
     settings_dir = run_dir / "services"
     settings_dir.mkdir(parents=True, exist_ok=True)
     common = ["--host", cfg.cluster.host, "--coordinator", coordinator]
@@ -94,7 +97,7 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         *common)))
     if not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
         return
-    for index in range(cfg.cluster.num_generators):
+    for index in range(_num_generator_services(cfg)):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
@@ -106,13 +109,21 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
                                    essential=False))  # swappable: its calls are retried (coordinator/scoring.py)
 
 
+def _num_generator_services(cfg: ExperimentConfig) -> int:
+    """Generator services to launch or wait for: none when the trainer is the generator."""
+    return 0 if cfg.policy.generation.backend == "megatron" else cfg.cluster.num_generators
+
+
 def all_registered(cfg: ExperimentConfig):
-    """Predicate over live members: the trainer, every generator and every task's reward service."""
+    """Predicate over live members: the trainer, every generator (the trainer's own, with
+    policy.generation.backend megatron) and every task's reward service."""
+    generators = max(_num_generator_services(cfg), 1)
+
     def ready(members: list[Member]) -> bool:
         kinds = [m.kind for m in members]
         tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
         if not cfg.algorithm.uses_rollouts:
             return "trainer" in kinds
-        return ("trainer" in kinds and kinds.count("generator") >= cfg.cluster.num_generators
+        return ("trainer" in kinds and kinds.count("generator") >= generators
                 and set(cfg.env) <= tasks)
     return ready

@@ -25,6 +25,8 @@ class Member:
     capacity: int = 0
     tasks: tuple[str, ...] = ()
     pid: int = 0
+    shares_trainer_weights: bool = False
+    """A generator inside the trainer process (policy.generation.backend: megatron)."""
     weight_version: int = 0
     num_inflight: int = 0
     leaving: bool = False
@@ -55,12 +57,14 @@ class Registry:
         self._changed = threading.Condition(self._lock)
 
     def register(self, kind: str, address: str, *, model_fingerprint: str = "", capacity: int = 0,
-                 tasks: tuple[str, ...] = (), pid: int = 0) -> str:
+                 tasks: tuple[str, ...] = (), pid: int = 0, shares_trainer_weights: bool = False) -> str:
         with self._lock:
-            for old in [m for m in self._members.values() if m.address == address]:
-                del self._members[old.member_id]  # the same server came back (e.g. re-registering)
+            # The same server came back (e.g. re-registering). One server may hold two kinds
+            # (a trainer serving generation), so only a member of the same kind is replaced.
+            for old in [m for m in self._members.values() if m.address == address and m.kind == kind]:
+                del self._members[old.member_id]
             member = Member(f"{kind}-{uuid.uuid4().hex[:8]}", kind, address, model_fingerprint, capacity,
-                            tuple(tasks), pid)
+                            tuple(tasks), pid, shares_trainer_weights)
             self._members[member.member_id] = member
             self._changed.notify_all()
         self._log.info("member_joined", member_id=member.member_id, kind=kind, address=address,

@@ -39,6 +39,8 @@ class GeneratorHandle:
     member_id: str
     client: object  # generator_svc.client.GeneratorClient (or an in-process twin)
     capacity: int
+    shares_trainer_weights: bool = False
+    """Served by the trainer from its own weights: a publish reaches it without a transfer."""
 
 
 def split_by_capacity(num_prompts: int, capacities: Sequence[int]) -> list[range]:

@@ -30,7 +30,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
             raise ValueError("register needs a service kind and an address")
         member_id = self._registry.register(
             _KINDS[request.kind], request.address, model_fingerprint=request.model_fingerprint,
-            capacity=request.capacity, tasks=tuple(request.tasks), pid=request.pid)
+            capacity=request.capacity, tasks=tuple(request.tasks), pid=request.pid,
+            shares_trainer_weights=request.shares_trainer_weights)
         return pb.RegisterResponse(member_id=member_id,
                                    heartbeat_interval_ms=int(self._registry.heartbeat_interval_s * 1000))
 

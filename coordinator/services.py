@@ -38,7 +38,7 @@ class Services:
 
     def all_generators(self) -> list[GeneratorHandle]:
         """Every live generator, whatever weights it serves (what a publish goes to)."""
-        return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity)
+        return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity, m.shares_trainer_weights)
                 for m in self._registry.live("generator")]
 
     def generators(self) -> list[GeneratorHandle]:

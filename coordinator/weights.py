@@ -16,6 +16,12 @@ directory is removed after the publish. Retries, health checks and admission are
 Colocated on GPUs (`cuda_ipc`): the same, through CUDA IPC handles of the trainer's buckets
 (coordinator/weights_ipc.py).
 
+Generators that share the trainer's weights (`GeneratorHandle.shares_trainer_weights`: the
+trainer serves generation from its own model, policy.generation.backend: megatron) receive
+nothing: they are left out of the group, and the trainer's publish to the others (to a group
+of the trainer alone when there are none) makes the version theirs. They fail and recover
+with the trainer. The config refuses them in colocated mode.
+
 Admission. Generators swap atomically (generator_svc), so none serves a half-received
 version; but one that missed a version (it joined late, or a publish to it failed) serves
 old weights. `admit` keeps such a generator out of the rollout until it serves the
@@ -161,13 +167,14 @@ class WeightPublisher:
             return PublishReport(version, self._epoch, len(generators), num_bytes, seconds)
         if self._shared_dir is not None:
             return self._attempt_shared(generators, version, self._shared_dir)
-        group = self._group_for(tuple(g.member_id for g in generators))
+        receivers = [g for g in generators if not g.shares_trainer_weights]
+        group = self._group_for(tuple(g.member_id for g in receivers))
         start = time.perf_counter()
         timeout_s = self._op_timeout_s * (2 + len(self._plan.bucket_sizes_bytes))
-        with ThreadPoolExecutor(1 + len(generators)) as pool:
+        with ThreadPoolExecutor(1 + len(receivers)) as pool:
             sent = pool.submit(self._trainer.publish_weights, group, version)
             received = [pool.submit(g.client.receive_weights, group, rank, version, self._plan, timeout_s)
-                        for rank, g in enumerate(generators, start=1)]
+                        for rank, g in enumerate(receivers, start=1)]
             # Wait for every side, not only the first failure: a receiver still stuck in the
             # failed epoch would otherwise hold up the next one.
             outcomes = [f.exception() for f in [sent, *received]]

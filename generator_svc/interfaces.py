@@ -1,4 +1,5 @@
-"""The contract of a generation engine, whatever runs it (vLLM today, Megatron inference later).
+"""The contract of a generation engine, whatever runs it (vLLM here; the trainer's own Megatron
+model in `trainer_svc.generation`, which trainer rank 0 serves with this package's servicer).
 
 Conventions every engine keeps:
 - Prompts are lists of token ids, BOS included (the caller tokenizes; the engine adds nothing).
@@ -7,7 +8,8 @@ Conventions every engine keeps:
   temperature, top-p or top-k) of token_ids[k] given the prompt and token_ids[:k].
 - Completions stream back one by one as each finishes, in no particular order; each carries
   its (prompt_index, sample_index) and the weight version that sampled all of its tokens.
-- Weight versions start at 0 (the loaded checkpoint) and only change in receive_weights,
+- Weight versions start at 0 (the loaded checkpoint) and only change in receive_weights
+  (for the trainer's own engine: in the trainer's publish, which it runs between calls),
   which swaps atomically: generate calls running when the new weights are ready finish on
   the old ones, calls arriving meanwhile wait and run on the new ones, so every call (and
   every prompt's group of samples) is sampled by a single version.

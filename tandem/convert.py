@@ -31,7 +31,7 @@ def group_to_pb(group: GroupSpec) -> common_pb2.WeightSyncGroup:
 
 
 def group_from_pb(pb: common_pb2.WeightSyncGroup) -> GroupSpec:
-    if not pb.store_address or pb.world_size < 2:
-        raise ValueError("weight-sync group needs a store address and at least 2 members")
+    if not pb.store_address or pb.world_size < 1:  # 1: the trainer alone (a publish with nothing to send)
+        raise ValueError("weight-sync group needs a store address and at least 1 member (the trainer)")
     return GroupSpec(pb.store_address, pb.epoch, pb.epoch_secret, pb.world_size,
                      (pb.op_timeout_ms or 30_000) / 1000)

@@ -36,6 +36,8 @@ class Announcement:
     model_fingerprint: str = ""
     capacity: int = 0
     tasks: list[str] = field(default_factory=list)
+    shares_trainer_weights: bool = False
+    """A generator served by the trainer process from its own weights (nothing to transfer)."""
 
 
 @dataclass
@@ -71,7 +73,7 @@ class MembershipAgent:
         a = self._announcement
         reply = await stub.Register(pb.RegisterRequest(
             kind=KINDS[a.kind], address=a.address, model_fingerprint=a.model_fingerprint, capacity=a.capacity,
-            tasks=a.tasks, pid=os.getpid()), metadata=self._metadata, timeout=CALL_TIMEOUT_S)
+            tasks=a.tasks, pid=os.getpid(), shares_trainer_weights=a.shares_trainer_weights), metadata=self._metadata, timeout=CALL_TIMEOUT_S)
         self._member_id = reply.member_id
         self._interval_s = max(reply.heartbeat_interval_ms, 100) / 1000
         self._log.info("registered", coordinator=self._address, member_id=self._member_id)

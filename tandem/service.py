@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -55,19 +55,21 @@ def write_address_file(path: Path, address: str) -> None:
 async def serve(running: RunningServer, args: argparse.Namespace, announcement: Announcement,
                 load: Callable[[], Load], log, on_stop: Callable[[], Awaitable[None]] | None = None, *,
                 ready: Callable[[], Awaitable[None]] | None = None, dead: Callable[[], bool] = lambda: False,
-                drain: Callable[[], Awaitable[None]] | None = None, poll_s: float = 1.0) -> int:
+                drain: Callable[[], Awaitable[None]] | None = None, poll_s: float = 1.0,
+                also: Sequence[tuple[Announcement, Callable[[], Load]]] = ()) -> int:
     """Serve until SIGTERM/SIGINT (exit code 0) or until `dead()` turns true (1: a supervisor
     restarts the process). `ready` is awaited first (e.g. loading the model) while health
     says NOT_SERVING; then health turns SERVING, the address file is written and the service
     announces itself. On a stop signal, with `drain`: tell the coordinator it is leaving (no
     new work), health NOT_SERVING, await `drain()` (the service finishes or hands back what it
     holds, bounded by its own timeout); then, and on death: NOT_SERVING, deregister,
-    `on_stop`, stop the server."""
+    `on_stop`, stop the server. `also`: more roles the same server announces, each with its
+    own membership (a trainer that also serves generation registers as a generator too)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    agent = None
+    agents: list[MembershipAgent] = []
     try:
         if ready is not None:
             await ready()
@@ -75,8 +77,9 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
         if args.address_file:
             write_address_file(args.address_file, announcement.address)
         if args.coordinator:
-            agent = MembershipAgent(args.coordinator, running.token, announcement, load, log)
-            agent.start()
+            for role, role_load in [(announcement, load), *also]:
+                agents.append(MembershipAgent(args.coordinator, running.token, role, role_load, log))
+                agents[-1].start()
         log.info("service_ready", address=announcement.address)
         exit_code = 0
         while not stop.is_set():
@@ -89,7 +92,7 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
                 pass
         if exit_code == 0 and drain is not None:
             await running.mark_not_serving()
-            if agent is not None:
+            for agent in agents:
                 await agent.leave()
             log.info("service_draining")
             await drain()
@@ -97,7 +100,7 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
         return exit_code
     finally:
         await running.mark_not_serving()
-        if agent is not None:
+        for agent in agents:
             await agent.stop()
         if on_stop is not None:
             await on_stop()

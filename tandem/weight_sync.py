@@ -281,8 +281,8 @@ class WeightReceiver:
             raise
 
     def _receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
-        if rank < 1:
-            raise ValueError(f"receivers take ranks 1..world_size-1, got {rank}")
+        if not 1 <= rank < spec.world_size:
+            raise ValueError(f"receivers take ranks 1..world_size-1 ({spec.world_size - 1}), got {rank}")
         group = self._group.get(self._store_for(spec), spec, rank, self._device)
         header = torch.zeros(4, dtype=torch.int64, device=self._device)
         _broadcast(group, header, spec.op_timeout_s).wait()

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         from trainer_svc.server import serve
 
         try:
-            asyncio.run(serve(engine, args, token, log))
+            asyncio.run(serve(engine, settings, args, token, log))
         finally:
             engine.close()
     else:

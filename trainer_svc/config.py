@@ -86,6 +86,17 @@ class RewardModelTrainingSettings(_Strict):
     """The preference model; Bradley-Terry is the only one."""
 
 
+class GenerationSettings(_Strict):
+    """Serve generation from the trainer's own model (the coordinator's policy.generation.backend:
+    megatron): rank 0 also serves `tandem.generator.v1.GeneratorService` and registers as a generator."""
+
+    enabled: bool = False
+    max_num_seqs: int = Field(256, gt=0)
+    """Sequences decoded at once (the capacity announced); a larger request runs in chunks."""
+    max_model_len: int = Field(64, gt=1)
+    """Longest prompt + completion admitted."""
+
+
 class TrainerSettings(_Strict):
     """Everything the trainer needs; the token comes from the environment, never from here."""
 
@@ -118,11 +129,15 @@ class TrainerSettings(_Strict):
     """dtype the generators receive; auto: the checkpoint's own dtype (config.json)."""
     lockstep_timeout_s: float = Field(7 * 24 * 3600, gt=0)
     """How long ranks other than 0 wait for the next command (time between RPCs)."""
+    generation: GenerationSettings = GenerationSettings()
+    """Generation served from the trainer's own model (Megatron backend only)."""
 
     @model_validator(mode="after")
     def _backend_chosen(self) -> TrainerSettings:
         if not (self.dtensor_cfg.enabled or self.megatron_cfg.enabled):
             raise ValueError("no training backend enabled: set dtensor_cfg.enabled=true or megatron_cfg.enabled=true")
+        if self.generation.enabled and not self.megatron_cfg.enabled:
+            raise ValueError("generation.enabled serves generation from the Megatron model: set megatron_cfg.enabled=true")
         return self
 
     @property

@@ -3,6 +3,11 @@
 On rank 0 each public method validates its arguments, then runs one command on every rank
 through the lockstep channel; ranks > 0 run the same commands in `follow()`. Only rank 0
 calls the public methods; their results are rank 0's.
+
+Weight versions: the trainer's weights are version `weight_version` right after a publish
+(0: the loaded checkpoint); a train step or a checkpoint load moves them past it until the
+next publish. The generation the trainer may serve itself (`generate`, with a `Decoder`)
+samples only from published weights, labelled with their version.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ from typing import Any
 
 import torch
 
+from generator_svc.types import SamplingConfig
 from tandem.rpc import FailedPrecondition
 from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, iter_plan_tensors, make_bucket_plan
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import TrainerSettings
 from trainer_svc.cuda_ipc import CudaIpcExports
+from trainer_svc.decode import DecodeRequest, Decoder, DecodeSink
 from trainer_svc.distributed import close_distributed, init_distributed
-from trainer_svc.hf import classifier_config, model_fingerprint, write_hf_checkpoint
+from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, write_hf_checkpoint
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
@@ -93,7 +100,8 @@ class TrainerEngine:
     """Drives a TrainerBackend on every rank; rank 0 also owns the WeightSender."""
 
     def __init__(self, backend: TrainerBackend, lockstep: Lockstep, *, model_name: str, plan: BucketPlan,
-                 sender: WeightSender | None, fingerprint: str, log: Any, reward_model: bool = False):
+                 sender: WeightSender | None, fingerprint: str, log: Any, reward_model: bool = False,
+                 decoder: Decoder | None = None):
         self._backend = backend
         self._reward_model = reward_model  # a scalar-head sequence classifier: Bradley-Terry only
         self._lockstep = lockstep
@@ -102,8 +110,10 @@ class TrainerEngine:
         self._sender = sender
         self._fingerprint = fingerprint
         self._log = log
+        self._decoder = decoder
         self.weight_version = 0
         self._ipc = CudaIpcExports(backend.device, log)  # colocated generators on GPUs (trainer_svc/cuda_ipc.py)
+        self._weights_moved = False  # trained or loaded since weight_version was published
 
     @property
     def is_leader(self) -> bool:
@@ -145,16 +155,20 @@ class TrainerEngine:
             validate_pairs(samples, global_batch_size, micro_batch_size, self._backend.world_size)
         if learning_rate is not None and not learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        self._weights_moved = True
         result = self._run(_TrainStep(tuple(samples), loss, global_batch_size, micro_batch_size, learning_rate))
         self._log.info("train_step", global_step=result.global_step, **{k: round(v, 6) for k, v in result.metrics.items()})
         return result
 
     def publish_weights(self, group: GroupSpec, version: int) -> PublishResult:
-        if group.world_size < 2:
-            raise ValueError("a weight-sync group needs the trainer and at least one receiver")
+        """Broadcast the weights to `group` as `version`; a group of the trainer alone sends
+        nothing and only makes the version the trainer's (what its own generation serves)."""
+        if group.world_size < 1:
+            raise ValueError(f"a weight-sync group holds at least the trainer, got world_size {group.world_size}")
         start = time.perf_counter()
-        bytes_sent = self._run(_PublishWeights(group, version))
+        bytes_sent = self._run(_PublishWeights(group, version)) if group.world_size > 1 else 0
         self.weight_version = version
+        self._weights_moved = False
         result = PublishResult(bytes_sent, int((time.perf_counter() - start) * 1000))
         self._log.info("weights_published", version=version, epoch=group.epoch, bytes=bytes_sent,
                        duration_ms=result.duration_ms)
@@ -188,12 +202,36 @@ class TrainerEngine:
     def load_checkpoint(self, path: str) -> int:
         if not path:
             raise ValueError("checkpoint path is empty")
+        self._weights_moved = True
         return self._run(_LoadCheckpoint(Path(path).expanduser().absolute()))
 
     def export_hf(self, path: str) -> int:
         if not path:
             raise ValueError("export path is empty")
         return self._run(_ExportHf(Path(path).expanduser().absolute()))
+
+    @property
+    def serves_generation(self) -> bool:
+        return self._decoder is not None
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.vocab_size
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, sink: DecodeSink) -> bool:
+        """Sample from the trainer's own model on every rank (`trainer_svc.decode`); completions
+        go to `sink` as they finish. Returns False if `sink.aborted()` cut it short."""
+        if self._decoder is None:
+            raise FailedPrecondition("this trainer does not serve generation (policy.generation.backend is not megatron)")
+        if self._weights_moved:
+            raise FailedPrecondition(f"the trainer's weights moved past the published version {self.weight_version} "
+                                     "(a train step or checkpoint load since): publish before generating")
+        request = DecodeRequest(tuple(tuple(p) for p in prompts), sampling, self.weight_version)
+        return self._run(request, lambda command: self._execute(command, sink))
 
     def close(self) -> None:
         """Rank 0: release the followers, then the sender and the process groups."""
@@ -210,14 +248,18 @@ class TrainerEngine:
         """Ranks > 0: run rank 0's commands until it shuts down."""
         self._lockstep.follow(self._execute, lambda exc: self._log.error("command_failed", exc_info=exc))
 
-    def _run(self, command: Any) -> Any:
+    def _run(self, command: Any, execute: Any = None) -> Any:
         if not self.is_leader:
             raise FailedPrecondition("only trainer rank 0 takes calls")
-        return self._lockstep.run(command, self._execute)
+        return self._lockstep.run(command, execute or self._execute)
 
-    def _execute(self, command: Any) -> Any:
+    def _execute(self, command: Any, sink: DecodeSink | None = None) -> Any:
+        """Run one command on this rank; `sink` is rank 0's end of a generate call."""
         backend = self._backend
         match command:
+            case DecodeRequest():
+                assert self._decoder is not None, "rank 0 checked that this trainer serves generation"
+                return self._decoder.run(command, sink)
             case _ComputeLogprobs(samples, policy, micro_batch_size):
                 return backend.compute_logprobs(samples, policy, micro_batch_size)
             case _TrainStep(samples, loss, global_batch_size, micro_batch_size, learning_rate):
@@ -259,8 +301,13 @@ def build_engine(settings: TrainerSettings, log: Any) -> TrainerEngine:
     if env.rank == 0:
         sender = WeightSender(host=settings.weight_sync_host, device=env.device)
         fingerprint = model_fingerprint(settings.model_name, backend.hf_tensor_shapes)
+    decoder = None
+    if settings.generation.enabled:
+        decoder = Decoder(backend, eos_ids=eos_token_ids(settings.model_name),
+                          max_num_seqs=settings.generation.max_num_seqs, group=env.cpu_group, rank=env.rank,
+                          seed=settings.seed)
     log.info("trainer_ready", world_size=env.world_size, device=str(env.device),
-             num_parameters=backend.num_parameters, plan_bytes=plan.total_bytes)
+             num_parameters=backend.num_parameters, plan_bytes=plan.total_bytes, serves_generation=decoder is not None)
     return TrainerEngine(backend, Lockstep(env.cpu_group, env.rank, env.world_size), model_name=settings.model_name,
                          plan=plan, sender=sender, fingerprint=fingerprint, log=log,
-                         reward_model=settings.reward_model_cfg.enabled)
+                         reward_model=settings.reward_model_cfg.enabled, decoder=decoder)

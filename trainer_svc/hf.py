@@ -19,6 +19,17 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", "
 SHARD_BYTES = 5 << 30  # as save_pretrained's default max_shard_size
 
 
+def eos_token_ids(model_dir: str | Path) -> frozenset[int]:
+    """The tokens that end a completion: `eos_token_id` of generation_config.json, else of
+    config.json (an int or a list), as vLLM reads them; empty if neither names one."""
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        value = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        if value is not None:
+            return frozenset([value] if isinstance(value, int) else value)
+    return frozenset()
+
+
 def model_fingerprint(model_dir: str | Path, fallback_shapes: Mapping[str, tuple[int, ...]]) -> str:
     """sha256 of config.json's bytes and the checkpoint's tensor names and shapes (sorted).
 

@@ -2,6 +2,9 @@
 
 Engine calls run one at a time on a single worker thread (they are lockstep commands that
 every rank must see in the same order) so the event loop stays free for health checks.
+A trainer that serves generation itself (settings.generation.enabled) also serves the
+generator contract on the same port, with the generator's own servicer over
+`trainer_svc.generation`, and registers as a generator sharing the trainer's weights.
 """
 
 from __future__ import annotations
@@ -11,13 +14,18 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from generator_svc.server import SERVICE_NAME as GENERATOR_SERVICE_NAME
+from generator_svc.server import GeneratorServicer
+from protos.tandem.generator.v1 import generator_pb2_grpc as generator_pb_grpc
 from protos.tandem.trainer.v1 import trainer_pb2 as pb
 from protos.tandem.trainer.v1 import trainer_pb2_grpc as pb_grpc
 from tandem.convert import group_from_pb, plan_to_pb
 from tandem import service
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
+from trainer_svc.config import TrainerSettings
 from trainer_svc.engine import TrainerEngine
+from trainer_svc.generation import TrainerGenerationEngine
 from trainer_svc.types import (
     BradleyTerryLossConfig,
     DpoLossConfig,
@@ -125,15 +133,29 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         return pb.ReleaseCudaIpcWeightsResponse(released=await self._call(self._engine.release_cuda_ipc, request.version))
 
 
-async def serve(engine: TrainerEngine, args: argparse.Namespace, token: str, log: Any) -> None:
+async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse.Namespace, token: str,
+                log: Any) -> None:
     """Serve until SIGTERM/SIGINT; in-flight engine work finishes before this returns."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-engine")
     servicer = TrainerServicer(engine, executor)
-    running = await start_server([lambda s: pb_grpc.add_TrainerServiceServicer_to_server(servicer, s)],
-                                 [SERVICE_NAME], host=args.host, port=args.port, token=token, log=log)
-    announcement = Announcement("trainer", f"{args.advertise_host or args.host}:{running.port}",
-                                engine.info().model_fingerprint)
+    register, names = [lambda s: pb_grpc.add_TrainerServiceServicer_to_server(servicer, s)], [SERVICE_NAME]
+    generator = GeneratorServicer(log)
+    if engine.serves_generation:
+        generator.engine = TrainerGenerationEngine.build(engine, settings, executor)
+        register.append(lambda s: generator_pb_grpc.add_GeneratorServiceServicer_to_server(generator, s))
+        names.append(GENERATOR_SERVICE_NAME)
+    running = generator.running = await start_server(register, names, host=args.host, port=args.port, token=token,
+                                                     log=log)
+    address = f"{args.advertise_host or args.host}:{running.port}"
+    fingerprint = engine.info().model_fingerprint
+    also = []
+    if generator.engine is not None:
+        info = generator.engine.info
+        also.append((Announcement("generator", address, fingerprint, capacity=settings.generation.max_num_seqs,
+                                  shares_trainer_weights=True),
+                     lambda: Load(num_inflight=info().num_running, weight_version=info().weight_version)))
     try:
-        await service.serve(running, args, announcement, lambda: Load(weight_version=engine.weight_version), log)
+        await service.serve(running, args, Announcement("trainer", address, fingerprint),
+                            lambda: Load(weight_version=engine.weight_version), log, also=also)
     finally:
         executor.shutdown(wait=True)

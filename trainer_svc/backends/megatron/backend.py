@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -170,6 +171,42 @@ class MegatronBackend:
         parts = sorted((d, r) for d, source, r in gathered if source)
         return [row for _, part in parts for row in part]
 
+    # ------------------------------------------------------------------ generation
+
+    def last_token_logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor | None:
+        """Collective: [len(rows), vocab] float32 logits of the token after each row (right-padded
+        into one micro-batch) on rank 0, None elsewhere (`trainer_svc.decode`'s model).
+
+        Every data-parallel replica computes all rows (generation is not split over replicas);
+        the last pipeline stage of rank 0's replica sends them to rank 0."""
+        from megatron.core import parallel_state as ps
+
+        with cpu_compat.active():
+            width = _ceil_div(max(len(r) for r in rows), self._sequence_multiple) * self._sequence_multiple
+            ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long, device=self.device)
+            for i, row in enumerate(rows):
+                ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            last = torch.tensor([len(r) - 1 for r in rows], device=self.device)
+
+            def loss_func(batch, output):
+                logits = self._logits(output)[torch.arange(len(rows), device=self.device), last]
+                return output.sum() * 0.0, torch.tensor(1), {"logits": logits.detach()}
+
+            self._model.eval()
+            with torch.no_grad():
+                out = self._schedule([_Rows(ids)], loss_func, forward_only=True)
+            self._model.train()
+            source = ps.get_pipeline_model_parallel_last_rank() if self.rank == 0 else None
+            if self.rank == 0:
+                if source == 0:
+                    return out[0]["logits"]
+                logits = torch.empty(len(rows), self.vocab_size, dtype=torch.float32, device=self.device)
+                dist.recv(logits, src=source)
+                return logits
+            if self.layout.is_last_stage and ps.get_pipeline_model_parallel_first_rank() == 0:
+                dist.send(out[0]["logits"].contiguous(), dst=0)
+        return None
+
     # ------------------------------------------------------------------ training
 
     def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
@@ -273,6 +310,13 @@ def _finalize_summed(model, num_tokens=None, *args, **kwargs):
     from megatron.core.distributed import finalize_model_grads
 
     return finalize_model_grads(model, None, *args, **kwargs)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A micro-batch of token rows only (what `_schedule`'s forward step reads)."""
+
+    input_ids: torch.Tensor
 
 
 def _pad(batch: MicroBatch, width: int, real_rows: int, pad_id: int) -> MicroBatch:

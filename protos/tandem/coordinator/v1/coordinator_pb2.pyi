@@ -32,20 +32,22 @@ MEMBER_HEALTH_LEAVING: MemberHealth
 MEMBER_HEALTH_STALE_WEIGHTS: MemberHealth
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("kind", "address", "model_fingerprint", "capacity", "tasks", "pid")
+    __slots__ = ("kind", "address", "model_fingerprint", "capacity", "tasks", "pid", "shares_trainer_weights")
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    SHARES_TRAINER_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     kind: ServiceKind
     address: str
     model_fingerprint: str
     capacity: int
     tasks: _containers.RepeatedScalarFieldContainer[str]
     pid: int
-    def __init__(self, kind: _Optional[_Union[ServiceKind, str]] = ..., address: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., capacity: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ...) -> None: ...
+    shares_trainer_weights: bool
+    def __init__(self, kind: _Optional[_Union[ServiceKind, str]] = ..., address: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., capacity: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., shares_trainer_weights: _Optional[bool] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("member_id", "heartbeat_interval_ms")

@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class GeneratorServiceStub:
-    """A generator: one inference engine (vLLM) that samples completions with the logprob of
-    each sampled token and receives new weights from the trainer.
+    """A generator: one inference engine (vLLM, or the trainer's own Megatron model served by
+    trainer rank 0) that samples completions with the logprob of each sampled token and
+    receives new weights from the trainer (the trainer's own engine has nothing to receive).
     """
 
     def __init__(self, channel):
@@ -64,8 +65,9 @@ class GeneratorServiceStub:
 
 
 class GeneratorServiceServicer:
-    """A generator: one inference engine (vLLM) that samples completions with the logprob of
-    each sampled token and receives new weights from the trainer.
+    """A generator: one inference engine (vLLM, or the trainer's own Megatron model served by
+    trainer rank 0) that samples completions with the logprob of each sampled token and
+    receives new weights from the trainer (the trainer's own engine has nothing to receive).
     """
 
     def GetInfo(self, request, context):
@@ -141,8 +143,9 @@ def add_GeneratorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class GeneratorService:
-    """A generator: one inference engine (vLLM) that samples completions with the logprob of
-    each sampled token and receives new weights from the trainer.
+    """A generator: one inference engine (vLLM, or the trainer's own Megatron model served by
+    trainer rank 0) that samples completions with the logprob of each sampled token and
+    receives new weights from the trainer (the trainer's own engine has nothing to receive).
     """
 
     @staticmethod
