@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from trainer_svc.backends.megatron import cache
-from trainer_svc.backends.megatron.convert import (Arch, Shard, hf_names_in_order, hf_shapes, hf_to_megatron,
-                                                   megatron_names_in_order, megatron_to_hf)
+from trainer_svc.backends.megatron.convert import (
+    Arch,
+    Shard,
+    hf_names_in_order,
+    hf_shapes,
+    hf_to_megatron,
+    megatron_names_in_order,
+    megatron_to_hf,
+)
 
 
 def _random_hf(arch: Arch, seed: int = 0) -> dict[str, torch.Tensor]:

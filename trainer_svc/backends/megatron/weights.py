@@ -15,8 +15,13 @@ import torch.distributed as dist
 
 from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.backends.megatron import cache
-from trainer_svc.backends.megatron.convert import (Arch, hf_to_megatron, megatron_names_in_order, megatron_to_hf,
-                                                   read_hf_tensors)
+from trainer_svc.backends.megatron.convert import (
+    Arch,
+    hf_to_megatron,
+    megatron_names_in_order,
+    megatron_to_hf,
+    read_hf_tensors,
+)
 from trainer_svc.backends.megatron.model import Layout, shard_of
 
 
