@@ -220,8 +220,7 @@ class WeightSender:
               tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         group = self._group.get(self._store, spec, 0, self._device)
         _broadcast(group, _header(version, plan, self._device), spec.op_timeout_s).wait()
-        largest = max(plan.bucket_sizes_bytes, default=0)
-        buffers = [torch.empty(largest, dtype=torch.uint8, device=self._device) for _ in range(2)]
+        buffers = [torch.empty(size, dtype=torch.uint8, device=self._device) for size in send_buffer_sizes(plan)]
         pending: list[dist.Work | None] = [None, None]
 
         def buffer_for(index: int, size: int) -> torch.Tensor:
@@ -240,6 +239,12 @@ class WeightSender:
 
     def close(self) -> None:
         self._group.close()
+
+
+def send_buffer_sizes(plan: BucketPlan) -> list[int]:
+    """Bytes of the sender's two buffers: even buckets fill the first, odd ones the second."""
+    sizes = plan.bucket_sizes_bytes
+    return [max(sizes[slot::2]) for slot in range(min(2, len(sizes)))]
 
 
 def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],

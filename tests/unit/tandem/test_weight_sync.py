@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tandem.weight_sync import (GroupSpec, WeightReceiver, WeightSender, iter_buckets, iter_plan_tensors,
-                                make_bucket_plan, plan_for_state_dict)
+                                make_bucket_plan, plan_for_state_dict, send_buffer_sizes)
 
 
 def test_bucket_plan_packs_in_order_and_aligns():
@@ -17,6 +17,14 @@ def test_bucket_plan_packs_in_order_and_aligns():
     assert (d.bucket_index, d.offset_bytes) == (2, 0)
     assert plan.bucket_sizes_bytes == (128, 448, 64)
     assert plan.digest() != make_bucket_plan([("a", (11,), torch.float32)]).digest()
+
+
+def test_sender_buffers_fit_the_buckets_they_take():
+    plan = make_bucket_plan([("a", (100,), torch.uint8), ("b", (40,), torch.uint8), ("c", (70,), torch.uint8)],
+                            bucket_bytes=100)
+    assert plan.bucket_sizes_bytes == (128, 64, 128)
+    assert send_buffer_sizes(plan) == [128, 64]  # buckets 0 and 2 share the first, bucket 1 the second
+    assert send_buffer_sizes(make_bucket_plan([("a", (10,), torch.uint8)])) == [64]
 
 
 def test_bucket_plan_rejects_bad_size():
