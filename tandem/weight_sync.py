@@ -9,7 +9,9 @@ How a transfer meets (see DESIGN.md, "Weight sync"):
   secret cannot join it. Trainer rank 0 is group rank 0; generators take 1..N.
 - Weights travel as byte buckets laid out by a `BucketPlan` (HF names, shapes, dtypes,
   offsets), computed once per model and sent to receivers over gRPC. Each transfer starts
-  with a header broadcast (version, bucket count, plan digest) that receivers check.
+  with a header broadcast (version, bucket count, plan digest) that receivers check. The
+  sender takes the tensors in plan order as they are gathered and packs them straight into
+  the bucket being filled (`iter_buckets`): the full model is never held at once.
 - Every collective has a per-operation timeout: gloo's `abort()` does not interrupt a
   pending wait, so a dead peer is only noticed through the timeout (notes/distributed-cpu).
 - The receiver returns a complete staged state dict or raises: the caller swaps it in
@@ -22,7 +24,7 @@ import datetime
 import hashlib
 import json
 import socket
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -185,7 +187,8 @@ def _header(version: int, plan: BucketPlan, device: torch.device) -> torch.Tenso
 
 
 class WeightSender:
-    """Trainer rank 0's side: hosts the store and broadcasts buckets (double-buffered)."""
+    """Trainer rank 0's side: hosts the store and broadcasts buckets, double-buffered: one
+    bucket fills while the previous one is on the wire (two buckets of buffer in all)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, device: torch.device | None = None,
                  advertise_host: str | None = None):
@@ -201,9 +204,11 @@ class WeightSender:
 
     def send(self, spec: GroupSpec, version: int, plan: BucketPlan,
              tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Broadcast `tensors` (in plan order, full tensors) as `version`; returns bytes sent.
+        """Broadcast `tensors` (full tensors, in plan order: see `iter_buckets`) as `version`,
+        bucket by bucket while they are produced; returns bytes sent.
 
-        Raises on timeout or a dead peer; the caller retries on a new epoch.
+        Raises on timeout or a dead peer (the caller retries on a new epoch) and ValueError on a
+        tensor the plan does not expect; either way the group is closed under the receivers.
         """
         try:
             return self._send(spec, version, plan, tensors)
@@ -215,19 +220,18 @@ class WeightSender:
               tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         group = self._group.get(self._store, spec, 0, self._device)
         _broadcast(group, _header(version, plan, self._device), spec.op_timeout_s).wait()
-        largest = max(plan.bucket_sizes_bytes, default=0)
-        buffers = [torch.empty(largest, dtype=torch.uint8, device=self._device) for _ in range(2)]
+        buffers = [torch.empty(size, dtype=torch.uint8, device=self._device) for size in send_buffer_sizes(plan)]
         pending: list[dist.Work | None] = [None, None]
-        by_bucket = _group_by_bucket(plan, tensors)
-        for index, size in enumerate(plan.bucket_sizes_bytes):
+
+        def buffer_for(index: int, size: int) -> torch.Tensor:
             slot = index % 2
             if pending[slot] is not None:
                 pending[slot].wait()  # the buffer is free again once its broadcast finished
-            buffer = buffers[slot][:size]
-            for spec_t, tensor in by_bucket[index]:
-                flat = tensor.detach().to(device=self._device, dtype=getattr(torch, spec_t.dtype)).contiguous()
-                buffer[spec_t.offset_bytes:spec_t.offset_bytes + spec_t.size_bytes].copy_(flat.view(-1).view(torch.uint8))
-            pending[slot] = _broadcast(group, buffer, spec.op_timeout_s)
+                pending[slot] = None
+            return buffers[slot][:size]
+
+        for index, bucket in iter_buckets(plan, tensors, buffer_for):
+            pending[index % 2] = _broadcast(group, bucket, spec.op_timeout_s)
         for work in pending:
             if work is not None:
                 work.wait()
@@ -237,22 +241,72 @@ class WeightSender:
         self._group.close()
 
 
-def _group_by_bucket(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]]):
-    expected = {t.name: t for t in plan.tensors}
-    buckets: dict[int, list[tuple[TensorSpec, torch.Tensor]]] = {i: [] for i in range(len(plan.bucket_sizes_bytes))}
-    seen = set()
-    for name, tensor in tensors:
-        spec = expected.get(name)
-        if spec is None:
-            raise ValueError(f"tensor {name!r} is not in the bucket plan")
-        if tuple(tensor.shape) != spec.shape:
-            raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, plan says {spec.shape}")
-        buckets[spec.bucket_index].append((spec, tensor))
-        seen.add(name)
-    missing = set(expected) - seen
-    if missing:
-        raise ValueError(f"{len(missing)} tensors of the plan were not given, e.g. {sorted(missing)[:3]}")
-    return buckets
+def send_buffer_sizes(plan: BucketPlan) -> list[int]:
+    """Bytes of the sender's two buffers: even buckets fill the first, odd ones the second."""
+    sizes = plan.bucket_sizes_bytes
+    return [max(sizes[slot::2]) for slot in range(min(2, len(sizes)))]
+
+
+def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
+                 buffer_for: Callable[[int, int], torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+    """Pack `tensors` into the plan's buckets as they come; yield (index, bucket bytes) as each fills.
+
+    `tensors` must come in plan order, full and one at a time (a generator that gathers each
+    one is the point): each is packed, in the plan's dtype, as soon as it arrives and dropped,
+    so what is held is the bucket being filled plus one tensor, never the whole model.
+    `buffer_for(index, size)` hands out the bytes bucket `index` is packed into.
+
+    A tensor whose name, position or shape is not the plan's raises ValueError before its
+    bucket is yielded, and the last bucket is yielded only once `tensors` is exhausted, so a
+    wrong, missing or extra tensor never lets a whole transfer out: receivers get the header
+    and some buckets at most, and the sender's failure closes the group under them.
+    """
+    specs = plan.tensors
+    positions = {spec.name: i for i, spec in enumerate(specs)}
+    source = iter(tensors)
+    position = 0
+    for index, size in enumerate(plan.bucket_sizes_bytes):
+        buffer = buffer_for(index, size)
+        while position < len(specs) and specs[position].bucket_index == index:
+            item = next(source, None)
+            if item is None:
+                raise ValueError(f"the weights ended after {position} of the bucket plan's {len(specs)} tensors: "
+                                 f"{specs[position].name!r} and every later one are missing")
+            name, tensor = item
+            del item
+            _check_against_plan(specs[position], position, positions, name, tensor)
+            _pack(buffer, specs[position], tensor)
+            del tensor  # the next tensor is made after this one is gone
+            position += 1
+        if index == len(plan.bucket_sizes_bytes) - 1:
+            _check_exhausted(source, len(specs))
+        yield index, buffer
+        del buffer  # the caller is done with it: not held while the next one fills
+    if not plan.bucket_sizes_bytes:
+        _check_exhausted(source, 0)
+
+
+def _check_against_plan(spec: TensorSpec, position: int, positions: dict[str, int], name: str,
+                        tensor: torch.Tensor) -> None:
+    if name != spec.name:
+        if name not in positions:
+            raise ValueError(f"tensor {name!r} is not in the bucket plan (it expects {spec.name!r} at position "
+                             f"{position})")
+        raise ValueError(f"tensor {name!r} came at position {position} but the bucket plan has it at "
+                         f"{positions[name]} (it expects {spec.name!r} here): weights must come in plan order")
+    if tuple(tensor.shape) != spec.shape:
+        raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the bucket plan says {spec.shape}")
+
+
+def _check_exhausted(source: Iterator[tuple[str, torch.Tensor]], count: int) -> None:
+    extra = next(source, None)
+    if extra is not None:
+        raise ValueError(f"tensor {extra[0]!r} came after all {count} tensors of the bucket plan: it is not in the plan")
+
+
+def _pack(buffer: torch.Tensor, spec: TensorSpec, tensor: torch.Tensor) -> None:
+    flat = tensor.detach().to(device=buffer.device, dtype=getattr(torch, spec.dtype)).contiguous()
+    buffer[spec.offset_bytes:spec.offset_bytes + spec.size_bytes].copy_(flat.view(-1).view(torch.uint8))
 
 
 class WeightReceiver:

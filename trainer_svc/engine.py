@@ -22,7 +22,7 @@ import torch
 
 from generator_svc.types import SamplingConfig
 from tandem.rpc import FailedPrecondition
-from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, iter_plan_tensors, make_bucket_plan
+from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, make_bucket_plan
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import TrainerSettings
@@ -33,6 +33,7 @@ from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, 
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
+from trainer_svc.publish import publish_weights
 from trainer_svc.types import (
     PAIRED_LOSSES,
     BradleyTerryLossConfig,
@@ -265,13 +266,7 @@ class TrainerEngine:
             case _TrainStep(samples, loss, global_batch_size, micro_batch_size, learning_rate):
                 return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
             case _PublishWeights(group, version):
-                state = backend.gather_hf_state_dict()
-                if self._sender is None:
-                    return 0
-                try:
-                    return self._sender.send(group, version, self._plan, iter_plan_tensors(self._plan, state))
-                except RuntimeError as exc:  # gloo/NCCL timeouts and dead peers: the group is unreachable
-                    raise ConnectionError(f"weight broadcast to epoch {group.epoch} failed: {exc}") from exc
+                return publish_weights(backend.iter_hf_tensors(), self._sender, group, version, self._plan)
             case _ExportCudaIpc(version):
                 return self._ipc.export(version, self._plan, backend.gather_hf_state_dict())
             case _ReleaseCudaIpc(version):

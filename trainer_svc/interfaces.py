@@ -27,12 +27,13 @@ Tensor and batch conventions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
 
+from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
 
@@ -52,8 +53,12 @@ class TrainerBackend(Protocol):
     num_parameters: int
     """Number of (unique) parameters of the policy."""
     hf_tensor_shapes: dict[str, tuple[int, ...]]
-    """HF names and full shapes of the tensors that `gather_hf_state_dict` returns, in order
-    (tied duplicates left out, as `save_pretrained` does)."""
+    """HF names and full shapes of the tensors that `gather_hf_state_dict` returns, in the
+    order `iter_hf_tensors` yields them (the bucket plan's; tied duplicates left out, as
+    `save_pretrained` does)."""
+    held_bytes: HeldBytes
+    """Bytes of gathered full weights this rank holds, with their peak (instrumentation of the
+    export: a streamed publish holds about one tensor, a whole state dict the whole model)."""
     checkpoint_dtype: torch.dtype
     """dtype of the loaded HF checkpoint (what an export writes)."""
     global_step: int
@@ -79,8 +84,15 @@ class TrainerBackend(Protocol):
         """
         ...
 
+    def iter_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective generator: the full tensors of the current policy in HF names, one at a
+        time in `hf_tensor_shapes` order, yielded on rank 0 (on its device or the CPU); the
+        other ranks yield nothing. Every rank must exhaust it (each item may be a collective)."""
+        ...
+
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Collective: full CPU tensors of the current policy in HF names on rank 0, else None."""
+        """Collective: full CPU tensors of the current policy in HF names on rank 0, else None
+        (the whole model at once: for HF export; publishing streams `iter_hf_tensors`)."""
         ...
 
     def save_checkpoint(self, path: Path) -> None:

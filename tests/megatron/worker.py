@@ -3,12 +3,14 @@ every rank, runs one job and writes rank 0's results as JSON.
 
     torchrun --nproc-per-node N -m tests.megatron.worker SETTINGS_JSON JOB OUT_JSON
 Jobs: logits (Megatron logits vs the HF model's on a fixed batch), step (GRPO train steps on
-a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the checkpoint's).
+a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the checkpoint's),
+publish (streamed weight sync to a receiver process vs the HF export, peak bytes held).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -111,6 +113,82 @@ def job_export(backend, model_dir: str) -> dict:
             "missing_from_source": sorted(set(state) - set(source))}
 
 
+def _receive_versions(address: str, plans: list, out_dir: str, queue) -> None:
+    """A generator's receiving side in its own process: one receive per (epoch, version, plan);
+    a received version is saved to out_dir, a failed one reported (nothing staged)."""
+    from tandem.weight_sync import GroupSpec, WeightReceiver
+
+    receiver = WeightReceiver()
+    for epoch, version, plan in plans:
+        try:
+            staged = receiver.receive(GroupSpec(address, epoch, "test", 2, op_timeout_s=60), 1, version, plan)
+            torch.save(staged, Path(out_dir) / f"v{version}.pt")
+            queue.put((version, "received"))
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            queue.put((version, f"failed: {type(exc).__name__}: {exc}"))
+    receiver.close()
+
+
+def job_publish(backend, out_dir: Path) -> dict:
+    """Publish through a real weight-sync group to a receiver process: streamed (v1); a plan the
+    export does not match (v2: rank 0 raises, the receiver stages nothing, every rank finishes);
+    streamed again (v3: the ranks are still in step). Beside it, the whole gathered state dict
+    (the HF export). `held_bytes.peak` on rank 0 for the streamed and the whole-dict gather."""
+    import multiprocessing as mp
+
+    from tandem.weight_sync import GroupSpec, WeightSender, make_bucket_plan
+    from trainer_svc.publish import publish_weights
+
+    shapes = backend.hf_tensor_shapes
+    bucket_bytes = 64 << 10
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in shapes.items()), bucket_bytes)
+    wrong = dict(shapes)
+    broken = list(shapes)[len(shapes) // 2]  # mid-stream: some buckets are already out when it is found
+    wrong[broken] = (shapes[broken][0] + 1, *shapes[broken][1:])
+    bad_plan = make_bucket_plan(((n, s, torch.float32) for n, s in wrong.items()), bucket_bytes)
+    sender, proc, queue = None, None, None
+    if backend.rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sender = WeightSender()
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_receive_versions,
+                           args=(sender.address, [(0, 1, plan), (1, 2, bad_plan), (2, 3, plan)], str(out_dir), queue))
+        proc.start()
+
+    def publish(epoch, version, which):
+        return publish_weights(backend.iter_hf_tensors(), sender, GroupSpec(sender.address if sender else "",
+                               epoch, "test", 2, op_timeout_s=60), version, which)
+
+    backend.held_bytes.reset()
+    sent = publish(0, 1, plan)
+    streamed_peak = backend.held_bytes.peak
+    mismatch = None
+    try:
+        publish(1, 2, bad_plan)
+    except ValueError as exc:
+        mismatch = str(exc)
+    publish(2, 3, plan)
+    backend.held_bytes.reset()
+    state = backend.gather_hf_state_dict()
+    whole_peak = backend.held_bytes.peak
+    if backend.rank != 0:
+        return {}
+    outcomes = dict(queue.get(timeout=120) for _ in range(3))
+    proc.join(timeout=60)
+    sender.close()
+    diffs = {}
+    for version in (1, 3):
+        received = torch.load(out_dir / f"v{version}.pt")
+        assert list(received) == list(state), (list(received)[:5], list(state)[:5])
+        diffs[version] = max((received[n] - state[n].float()).abs().max().item() for n in state)
+    return {"sent": sent, "total_bytes": plan.total_bytes, "num_buckets": len(plan.bucket_sizes_bytes),
+            "outcomes": outcomes, "mismatch": mismatch, "broken": broken, "max_abs_diff": diffs,
+            "streamed_peak": streamed_peak, "whole_peak": whole_peak,
+            "largest_tensor_bytes": max(math.prod(s) for s in shapes.values()) * 4,
+            "model_bytes": sum(math.prod(s) for s in shapes.values()) * 4}
+
+
 def job_scatter(env) -> dict:
     """gloo scatter of non-contiguous chunks, with the CPU compatibility layer installed."""
     import torch.distributed as dist
@@ -152,6 +230,8 @@ def main() -> None:
         result = job_bench(backend, int(job[5:] or 5))
     elif job == "export":
         result = job_export(backend, settings.model_name)
+    elif job == "publish":
+        result = job_publish(backend, Path(out_path).with_suffix(".received"))
     else:
         raise SystemExit(f"unknown job {job}")
     if env.rank == 0:

@@ -3,8 +3,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tandem.weight_sync import (GroupSpec, WeightReceiver, WeightSender, iter_plan_tensors, make_bucket_plan,
-                                plan_for_state_dict)
+from tandem.weight_sync import (GroupSpec, WeightReceiver, WeightSender, iter_buckets, iter_plan_tensors,
+                                make_bucket_plan, plan_for_state_dict, send_buffer_sizes)
 
 
 def test_bucket_plan_packs_in_order_and_aligns():
@@ -17,6 +17,14 @@ def test_bucket_plan_packs_in_order_and_aligns():
     assert (d.bucket_index, d.offset_bytes) == (2, 0)
     assert plan.bucket_sizes_bytes == (128, 448, 64)
     assert plan.digest() != make_bucket_plan([("a", (11,), torch.float32)]).digest()
+
+
+def test_sender_buffers_fit_the_buckets_they_take():
+    plan = make_bucket_plan([("a", (100,), torch.uint8), ("b", (40,), torch.uint8), ("c", (70,), torch.uint8)],
+                            bucket_bytes=100)
+    assert plan.bucket_sizes_bytes == (128, 64, 128)
+    assert send_buffer_sizes(plan) == [128, 64]  # buckets 0 and 2 share the first, bucket 1 the second
+    assert send_buffer_sizes(make_bucket_plan([("a", (10,), torch.uint8)])) == [64]
 
 
 def test_bucket_plan_rejects_bad_size():
@@ -82,16 +90,97 @@ def test_receiver_refuses_a_transfer_that_is_not_the_announced_one():
     assert "does not match the announced" in message
 
 
-def test_sender_checks_tensors_against_plan():
-    plan = plan_for_state_dict({"w": torch.ones(4)})
+def _tensors(shapes, held=None, drawn=None):
+    """Fresh full tensors, one at a time (as a gathering export makes them), counted by `held`."""
+    gen = torch.Generator().manual_seed(0)
+    for name, shape in shapes.items():
+        tensor = torch.randn(shape, generator=gen)
+        if held is not None:
+            held.track(tensor)
+        if drawn is not None:
+            drawn.append(name)
+        yield name, tensor
+        del tensor  # not held while the next one is made
+
+
+SHAPES = {"embed": (50, 16), "a": (16, 16), "b": (16,), "c": (64, 16), "d": (16, 16), "e": (3,), "head": (50, 16)}
+
+
+def test_buckets_stream_out_holding_one_bucket_and_one_tensor():
+    from trainer_svc.backends.held_bytes import HeldBytes
+
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    assert len(plan.bucket_sizes_bytes) >= 4
+    held, drawn, received = HeldBytes(), [], {}
+    expected = dict(_tensors(SHAPES))
+    drawn_per_bucket = []
+    for index, bucket in iter_buckets(plan, _tensors(SHAPES, held, drawn),
+                                      lambda index, size: held.track(torch.empty(size, dtype=torch.uint8))):
+        drawn_per_bucket.append(len(drawn))
+        for spec in plan.tensors:
+            if spec.bucket_index == index:
+                raw = bucket[spec.offset_bytes:spec.offset_bytes + spec.size_bytes]
+                received[spec.name] = raw.clone().view(torch.float32).view(spec.shape)
+                del raw  # a view keeps the bucket alive
+        del bucket
+    assert list(received) == list(SHAPES)
+    for name, tensor in expected.items():
+        assert torch.equal(received[name], tensor), name
+    # each bucket went out as soon as its tensors were there (nothing of the next one was drawn)
+    ends = [max(i for i, t in enumerate(plan.tensors) if t.bucket_index == b) + 1
+            for b in range(len(plan.bucket_sizes_bytes))]
+    assert drawn_per_bucket == ends
+    largest_tensor = max(t.size_bytes for t in plan.tensors)
+    assert 0 < held.peak <= max(plan.bucket_sizes_bytes) + largest_tensor
+    assert held.peak < plan.total_bytes
+    assert held.current == 0
+
+
+def _reorder(items, order):
+    items = list(items)
+    return [items[i] for i in order]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda items: [(n, t[:-1] if n == "d" else t) for n, t in items], "'d' has shape"),
+    (lambda items: [("x" if n == "c" else n, t) for n, t in items], "'x' is not in the bucket plan"),
+    (lambda items: _reorder(items, [0, 1, 3, 2, 4, 5, 6]), "'c' came at position 2"),
+    (lambda items: items[:-1], "'head' and every later one are missing"),
+    (lambda items: items + [("extra", torch.ones(1))], "'extra' came after all 7 tensors"),
+])
+def test_a_tensor_the_plan_does_not_expect_stops_before_the_last_bucket(change, message):
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    yielded = []
+    with pytest.raises(ValueError, match=message):
+        for index, _ in iter_buckets(plan, change(list(_tensors(SHAPES))),
+                                     lambda index, size: torch.empty(size, dtype=torch.uint8)):
+            yielded.append(index)
+    assert len(yielded) < len(plan.bucket_sizes_bytes)
+
+
+def _receive_once(address, plan, queue):
+    try:
+        staged = WeightReceiver().receive(GroupSpec(address, 2, "mismatch", 2, op_timeout_s=30), 1, 1, plan)
+        queue.put(f"staged {len(staged)} tensors")
+    except Exception as exc:  # noqa: BLE001 - what the generator sees: a failed receive, nothing staged
+        queue.put(f"failed: {type(exc).__name__}")
+
+
+def test_a_plan_mismatch_fails_the_sender_and_stages_nothing_on_the_receiver():
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
     sender = WeightSender()
-    with pytest.raises(ValueError, match="shape"):
-        from tandem.weight_sync import _group_by_bucket
-        _group_by_bucket(plan, [("w", torch.ones(5))])
-    with pytest.raises(ValueError, match="not given"):
-        from tandem.weight_sync import _group_by_bucket
-        _group_by_bucket(plan, [])
-    sender.close()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_receive_once, args=(sender.address, plan, queue))
+    proc.start()
+    try:
+        wrong = [(n, t[:-1] if n == "head" else t) for n, t in _tensors(SHAPES)]
+        with pytest.raises(ValueError, match="'head' has shape"):
+            sender.send(GroupSpec(sender.address, 2, "mismatch", 2, op_timeout_s=30), 1, plan, wrong)
+        assert queue.get(timeout=60).startswith("failed")
+    finally:
+        proc.join(timeout=30)
+        sender.close()
 
 
 def test_gloo_binds_the_interface_that_reaches_the_store():

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from trainer_svc.backends.dtensor import checkpoint
 from trainer_svc.backends.dtensor.model import load_sharded_policy
 from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, clip_grad_norm, offload_policy
+from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
     MicroBatch,
@@ -77,6 +78,7 @@ class DTensorBackend:
                                             weight_decay=opt.weight_decay)
         self._max_grad_norm = settings.max_grad_norm or math.inf
         self._reference = ReferenceWeights(self._params, _local)
+        self.held_bytes = HeldBytes()
         self.global_step = 0
 
     # ------------------------------------------------------------------ logprobs
@@ -217,11 +219,27 @@ class DTensorBackend:
 
     # ------------------------------------------------------------------ state
 
+    def iter_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective generator: every rank all-gathers one parameter at a time (`full_tensor()`),
+        in `hf_tensor_shapes` order (the bucket plan's); rank 0 yields it (on this rank's
+        device), the others yield nothing but must exhaust it. `held_bytes` counts what rank 0 holds."""
+        state = self._model.state_dict()
+        for name in self.hf_tensor_shapes:
+            value = state[name]
+            if not isinstance(value, DTensor):
+                if self.rank == 0:
+                    yield name, value.detach()
+                continue
+            full = value.full_tensor()
+            if self.rank == 0:
+                yield name, self.held_bytes.track(full)
+            del full  # freed before the next parameter is gathered
+
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         full = get_model_state_dict(self._model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return None
-        return {name: full[name] for name in self.hf_tensor_shapes}
+        return {name: self.held_bytes.track(full[name]) for name in self.hf_tensor_shapes}
 
     def save_checkpoint(self, path: Path) -> None:
         checkpoint.save_checkpoint(path, self._model, self._optimizer, rank=self.rank,

@@ -25,6 +25,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
+from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.backends.megatron import checkpoint, cpu_compat
 from trainer_svc.backends.megatron.convert import Arch, hf_shapes
 from trainer_svc.backends.megatron.model import (
@@ -85,6 +86,7 @@ class MegatronBackend:
         self._sequence_multiple = self.layout.tp_size if cfg.sequence_parallel else 1
         self._params = [p for p in self._model.parameters()]
         self._reference = ReferenceWeights(self._params)
+        self.held_bytes = HeldBytes()
         self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
         self.vocab_size = self.arch.vocab_size
         self.hf_tensor_shapes = hf_shapes(self.arch)
@@ -274,16 +276,19 @@ class MegatronBackend:
     # ------------------------------------------------------------------ state
 
     def iter_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Collective generator of full HF tensors on rank 0 (see `weights.iter_hf_tensors`)."""
+        """Collective generator of full HF tensors on rank 0, in `hf_tensor_shapes` order
+        (see `weights.iter_hf_tensors`); `held_bytes` counts what rank 0 holds meanwhile."""
         from megatron.core import parallel_state as ps
 
-        with cpu_compat.active():
-            yield from iter_hf_tensors(self._model, self.arch, self.layout,
-                                       tp_group=ps.get_tensor_model_parallel_group(), rank=self.rank,
-                                       tp_times_dp=self.layout.tp_size * self.layout.dp_size)
+        # no cpu_compat.active() here: the export makes no CUDA tensors, and a mode entered in a
+        # generator would stay pushed while the consumer (the weight sender) runs between items
+        exports = self.layout.dp_rank == 0 and ps.get_context_parallel_rank() == 0
+        stage_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+        yield from iter_hf_tensors(self._model, self.arch, self.layout, tp_group=ps.get_tensor_model_parallel_group(),
+                                   stage_ranks=stage_ranks, exports=exports, rank=self.rank, held=self.held_bytes)
 
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        state = dict(self.iter_hf_tensors())
+        state = {name: self.held_bytes.track(tensor.cpu()) for name, tensor in self.iter_hf_tensors()}
         return state if self.rank == 0 else None
 
     def save_checkpoint(self, path: Path) -> None:

@@ -186,6 +186,23 @@ def megatron_to_hf(name: str, tp_shards: list[torch.Tensor], arch: Arch, first_l
         raise KeyError(f"no HF name for Megatron tensor {name!r}")
 
 
+def megatron_names_in_order(arch: Arch, shard: Shard) -> list[str]:
+    """The stage's Megatron tensors in export order: `megatron_to_hf` over them, stage after
+    stage, yields exactly `hf_names_in_order` (the bucket plan's order)."""
+    names = ["embedding.word_embeddings.weight"] if shard.pre_process else []
+    for local in range(shard.num_layers):
+        mg = f"decoder.layers.{local}."
+        names += [mg + "input_layernorm.weight", mg + "pre_mlp_layernorm.weight", mg + "self_attention.linear_qkv.weight"]
+        if arch.qkv_bias:
+            names.append(mg + "self_attention.linear_qkv.bias")
+        names += [mg + "self_attention.linear_proj.weight", mg + "mlp.linear_fc1.weight", mg + "mlp.linear_fc2.weight"]
+    if shard.post_process:
+        names.append("decoder.final_layernorm.weight")
+        if not arch.tie_word_embeddings:  # a tied output layer exports nothing (HF keeps the embedding)
+            names.append("output_layer.weight")
+    return names
+
+
 def hf_names_in_order(arch: Arch) -> list[str]:
     """HF tensor names in the order export yields them (stage by stage, layer by layer)."""
     names = ["model.embed_tokens.weight"]

@@ -1,6 +1,7 @@
 """Weights in and out of the Megatron model: load through the conversion cache, and export
-full HF-named tensors to rank 0 (TP shards all-gathered per tensor, later pipeline stages sent
-to rank 0 tensor by tensor, so no rank ever holds another stage's shards all at once)."""
+full HF-named tensors to rank 0 one at a time in the bucket plan's order (TP shards
+all-gathered per tensor, later pipeline stages sent to rank 0 tensor by tensor), so rank 0
+never holds more than one gathered tensor and no rank buffers its stage."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.backends.megatron import cache
-from trainer_svc.backends.megatron.convert import Arch, hf_to_megatron, megatron_to_hf, read_hf_tensors
+from trainer_svc.backends.megatron.convert import (
+    Arch,
+    hf_to_megatron,
+    megatron_names_in_order,
+    megatron_to_hf,
+    read_hf_tensors,
+)
 from trainer_svc.backends.megatron.model import Layout, shard_of
 
 
@@ -83,34 +91,52 @@ def _stage_params(arch: Arch, layout: Layout, pp_rank: int) -> list[tuple[str, t
 
 
 def iter_hf_tensors(model: torch.nn.Module, arch: Arch, layout: Layout, *, tp_group: dist.ProcessGroup,
-                    rank: int, tp_times_dp: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Collective generator: on global rank 0 yields every HF tensor (full, CPU, float32); the
-    other ranks yield nothing but must exhaust it (they take part in the gathers and sends)."""
-    if layout.dp_rank != 0:
+                    stage_ranks: list[int], exports: bool, rank: int,
+                    held: HeldBytes) -> Iterator[tuple[str, torch.Tensor]]:
+    """Collective generator: on global rank 0 yields every HF tensor (full, float32, on the
+    model's device) in `hf_names_in_order` order, the bucket plan's; the other ranks yield
+    nothing but must exhaust it (they take part in the gathers and sends).
+
+    Stage by stage, tensor by tensor: each exporting rank all-gathers one Megatron tensor over
+    its TP group; on stage 0 rank 0 converts and yields it, on a later stage the first TP rank
+    converts it and sends the HF tensors straight to rank 0, which yields them when it reaches
+    that stage. So rank 0 holds one gathered tensor at a time (`held` counts it) and no rank
+    buffers its stage. `exports`: this rank's replica takes part (data- and context-parallel
+    rank 0; the others hold copies). `stage_ranks[s]`: the global rank that sends stage s (rank
+    0's pipeline group), known on rank 0.
+    """
+    if not exports:
         return
-    first_layer = shard_of(arch, layout).first_layer
-    own: list[tuple[str, torch.Tensor]] = []
-    for name, param in model.named_parameters():
-        local = param.detach().float().contiguous()
-        shards = [torch.empty_like(local) for _ in range(layout.tp_size)]
-        dist.all_gather(shards, local, group=tp_group)
+    params = dict(model.named_parameters())
+    shard = shard_of(arch, layout)
+    for name in megatron_names_in_order(arch, shard):
+        shards = _gather(params[name], layout.tp_size, tp_group, held)
         if layout.tp_rank != 0:
+            del shards
             continue
-        for hf_name, tensor in megatron_to_hf(name, shards, arch, first_layer):
+        outputs = [(hf_name, held.track(t)) for hf_name, t in megatron_to_hf(name, shards, arch, shard.first_layer)]
+        del shards
+        while outputs:
+            hf_name, tensor = outputs.pop(0)
             if rank == 0:
-                yield hf_name, tensor.cpu()
+                yield hf_name, tensor
             else:
-                own.append((hf_name, tensor))
-    if layout.tp_rank != 0:
+                dist.send(tensor.contiguous(), dst=0)
+            del tensor  # freed before the next tensor is gathered
+    if rank != 0:
         return
-    if rank != 0:  # a later stage's first TP rank: send to rank 0 in the agreed order
-        expected = [n for n, _ in _stage_params(arch, layout, layout.pp_rank)]
-        got = {n: t for n, t in own}
-        for hf_name in expected:
-            dist.send(got[hf_name].contiguous(), dst=0)
-        return
+    device = next(iter(params.values())).device
     for stage in range(1, layout.pp_size):
         for hf_name, shape in _stage_params(arch, layout, stage):
-            buffer = torch.empty(shape, dtype=torch.float32)
-            dist.recv(buffer, src=stage * tp_times_dp)
+            buffer = held.track(torch.empty(shape, dtype=torch.float32, device=device))
+            dist.recv(buffer, src=stage_ranks[stage])
             yield hf_name, buffer
+            del buffer
+
+
+def _gather(param: torch.Tensor, tp_size: int, tp_group: dist.ProcessGroup, held: HeldBytes) -> list[torch.Tensor]:
+    """The parameter's shards from every TP rank, in TP order (float32)."""
+    local = param.detach().float().contiguous()
+    shards = [held.track(torch.empty_like(local)) for _ in range(tp_size)]
+    dist.all_gather(shards, local, group=tp_group)
+    return shards
