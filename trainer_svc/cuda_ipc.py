@@ -1,7 +1,9 @@
 """The trainer's side of CUDA IPC weight passing (colocated generators on GPUs).
 
-Rank 0 packs the gathered HF-named weights into the bucket plan's buckets on its device and
-exports a handle per bucket (tandem.cuda_ipc). The buckets are held here until the coordinator
+Every rank runs the backend's streamed export (`iter_hf_tensors`: one full HF-named tensor at
+a time, on the device); rank 0 packs each tensor into the bucket plan's buckets on its device
+as it arrives (no full state dict, no trip through host memory) and exports a handle per
+bucket (tandem.cuda_ipc). The buckets are held here until the coordinator
 releases them, after every generator has confirmed the version (it has copied the tensors
 into its model by then): freeing them earlier would let the caching allocator hand their memory
 to the next allocation while a generator still reads it. One export is held at a time; a new
@@ -13,13 +15,13 @@ has freed but cached is otherwise invisible to the generators that wake up next 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from tandem.cuda_ipc import device_uuid, export_handle, pack_buckets
-from tandem.weight_sync import BucketPlan, iter_plan_tensors
+from tandem.weight_sync import BucketPlan
 
 
 class CudaIpcExports:
@@ -38,15 +40,24 @@ class CudaIpcExports:
     def held_version(self) -> int | None:
         return None if self._held is None else self._held[0]
 
-    def export(self, version: int, plan: BucketPlan, state: Mapping[str, torch.Tensor] | None) -> list[bytes] | None:
-        """Pack and export `state` (rank 0's gathered weights; None on other ranks) as `version`."""
+    def export(self, version: int, plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]], *,
+               leader: bool) -> list[bytes] | None:
+        """Collective (every rank, with its part of the export): rank 0 (`leader`) packs `tensors`
+        as `version` and returns a handle per bucket; other ranks return None. The export is
+        always run to its end, even when packing fails, since the other ranks' gathers wait
+        for this rank's part in them."""
         if self._held is not None:
             self._log.warning("cuda_ipc_export_replaced", version=self._held[0], new_version=version)
         self._held = None
         self._empty_cache()
-        if state is None:
-            return None
-        buffers = pack_buckets(plan, iter_plan_tensors(plan, state), self._device)
+        tensors = iter(tensors)
+        try:
+            if not leader:
+                return None
+            buffers = pack_buckets(plan, tensors, self._device)
+        finally:
+            for _ in tensors:
+                pass
         uuid = self._uuid_of(self._device.index if self._device.index is not None else 0)
         payloads = [export_handle(buffer, uuid, reduce=self._reduce) for buffer in buffers]
         self._held = (version, buffers)

@@ -268,7 +268,7 @@ class TrainerEngine:
             case _PublishWeights(group, version):
                 return publish_weights(backend.iter_hf_tensors(), self._sender, group, version, self._plan)
             case _ExportCudaIpc(version):
-                return self._ipc.export(version, self._plan, backend.gather_hf_state_dict())
+                return self._ipc.export(version, self._plan, backend.iter_hf_tensors(), leader=self.is_leader)
             case _ReleaseCudaIpc(version):
                 return self._ipc.release(version)
             case _SaveCheckpoint(path):

@@ -38,7 +38,7 @@ def _exports():
 
 def test_buckets_are_held_until_their_version_is_released():
     exports, emptied = _exports()
-    payloads = exports.export(3, PLAN, STATE)
+    payloads = exports.export(3, PLAN, STATE.items(), leader=True)
     assert len(payloads) == len(PLAN.bucket_sizes_bytes) == 2
     assert {read_handle(p).device_uuid for p in payloads} == {"GPU-0"}
     held = exports._held[1]
@@ -50,11 +50,22 @@ def test_buckets_are_held_until_their_version_is_released():
 
 def test_a_new_export_replaces_an_unreleased_one_and_followers_hold_nothing():
     exports, _ = _exports()
-    exports.export(1, PLAN, STATE)
-    exports.export(2, PLAN, STATE)
+    exports.export(1, PLAN, STATE.items(), leader=True)
+    exports.export(2, PLAN, STATE.items(), leader=True)
     assert exports.held_version == 2
     follower, _ = _exports()
-    assert follower.export(2, PLAN, None) is None and follower.held_version is None
+    part = iter(STATE.items())  # a follower's part of the collective export: run, not kept
+    assert follower.export(2, PLAN, part, leader=False) is None and follower.held_version is None
+    assert next(part, None) is None
+
+
+def test_a_tensor_the_plan_does_not_expect_fails_after_the_export_ran_to_its_end():
+    exports, _ = _exports()
+    wrong = [("a.weight", STATE["a.weight"]), ("c.weight", torch.ones(2)), ("b.bias", STATE["b.bias"])]
+    part = iter(wrong)
+    with pytest.raises(ValueError, match="c.weight"):
+        exports.export(1, PLAN, part, leader=True)
+    assert next(part, None) is None and exports.held_version is None  # the other ranks' gathers completed
 
 
 def test_a_cpu_trainer_refuses_cuda_ipc():
