@@ -4,6 +4,9 @@ Services register (kind, address, fingerprint, capacity, tasks) and heartbeat; a
 silent for longer than `timeout_s` is dropped. A member that announces it is leaving (a
 generator told to stop drains first) is no longer `live` (it gets no new work) but is still
 `present` (its calls in flight are left to finish) until it says it is gone or goes silent.
+One that says it is gone after draining stays `present` for good: its calls finished on its
+side, and their streams end by themselves (their last messages may still be on the way when
+its goodbye arrives, which must not turn a clean drain into a failure and a re-send).
 Thread-safe: the gRPC server thread writes, the run loop reads. Joins, leaves and losses
 are logged as structured events.
 """
@@ -53,6 +56,7 @@ class Registry:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.timeout_s = timeout_s
         self._members: dict[str, Member] = {}
+        self._drained: set[str] = set()  # left after draining: their calls finished on their side
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 
@@ -89,6 +93,8 @@ class Registry:
                 self._members[member_id] = replace(member, leaving=True, last_seen=time.monotonic())
             else:
                 self._members.pop(member_id, None)
+                if member is not None and member.leaving:
+                    self._drained.add(member_id)
             self._changed.notify_all()
         if member is not None:
             self._log.info("member_leaving" if draining else "member_left", member_id=member_id, kind=member.kind,
@@ -122,7 +128,11 @@ class Registry:
         return sorted(alive, key=lambda m: m.member_id)
 
     def present(self, member_id: str) -> bool:
-        """Whether the member is still there, live or draining (its calls in flight may finish)."""
+        """Whether the member's calls in flight may still finish: it is there (live or draining),
+        or it left after draining (they finished on its side)."""
+        with self._lock:
+            if member_id in self._drained:
+                return True
         return any(m.member_id == member_id for m in self.members())
 
     def wait_for(self, ready, timeout_s: float, check=lambda: None) -> list[Member]:

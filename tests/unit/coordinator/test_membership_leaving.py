@@ -22,8 +22,38 @@ def test_a_draining_member_gets_no_work_but_stays_present_until_it_is_gone():
     assert registry.heartbeat(b, num_inflight=3, weight_version=2)  # it still reports its load
     leaving = next(m for m in registry.members() if m.member_id == b)
     assert leaving.leaving and leaving.num_inflight == 3  # a heartbeat does not bring it back into rotation
-    registry.deregister(b)
-    assert not registry.present(b) and registry.present(a) and not registry.heartbeat(b, 0, 0)
+    registry.deregister(b)  # drained and gone: out of every list, but its streams may still be arriving
+    assert registry.members() == [m for m in registry.members() if m.member_id == a] and not registry.heartbeat(b, 0, 0)
+    assert registry.present(b) and registry.present(a)
+    registry.deregister(a)  # gone without draining
+    assert not registry.present(a)
+
+
+def test_a_drained_generators_last_stream_is_not_a_failure():
+    """Its goodbye can reach the coordinator before the end of its last stream does."""
+    registry = Registry(LOG, timeout_s=60)
+    staying, leaving = SlowGenerator(), SlowGenerator()
+    g0 = registry.register("generator", "127.0.0.1:1", capacity=4)
+    g1 = registry.register("generator", "127.0.0.1:2", capacity=4)
+    handles = [GeneratorHandle(g0, staying, 4), GeneratorHandle(g1, leaving, 4)]
+
+    def drain_then_leave():  # SIGTERM; its call finishes on its side; it says it is gone; the stream ends
+        time.sleep(0.2)
+        registry.deregister(g1, draining=True)
+        time.sleep(0.2)
+        registry.deregister(g1)
+        time.sleep(0.3)  # a few polls with the goodbye in and the stream still open
+        staying.release.set()
+        leaving.release.set()
+
+    threading.Thread(target=drain_then_leave, daemon=True).start()
+    failed = []
+    sampling = SamplingConfig(n=2, temperature=1.0, max_tokens=2, seed=5)
+    groups = generate([[1]] * 6, sampling, lambda: [h for h in handles if h.member_id in
+                                                    {m.member_id for m in registry.live()}],
+                      lambda h, e: failed.append(h.member_id), LOG, poll_s=0.05, present=registry.present)
+    assert failed == [] and staying.calls == 1 and leaving.calls == 1  # no re-send: its share came back
+    assert all(len(group) == 2 for group in groups)
 
 
 def test_a_silent_draining_member_is_lost_like_any_other():
