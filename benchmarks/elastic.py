@@ -29,16 +29,17 @@ from pathlib import Path
 
 import structlog
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.launcher import ServiceSpec, python_module
+from coordinator.cluster.local import LocalCluster
+from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
+from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch import generator_settings, scratch_root
-from coordinator.launcher import ServiceSpec, python_module
-from coordinator.run import cache_root
+from coordinator.loop.context import LoopContext
 
 
 def _figure(name: str, values: list[float]) -> None:
@@ -63,7 +64,7 @@ def _spawn(ctx, cluster, index: int) -> float:
 
 def _fail_one_mid_rollout(ctx, cluster, sig: int, step: int) -> float:
     """Send `sig` to a busy generator during a step; seconds until the rollout reports it failed."""
-    victim = ctx.services.generators()[-1]
+    victim = ctx.generators()[-1]
     pid = next(m.pid for m in cluster.registry.live("generator") if m.member_id == victim.member_id)
     seen, hit = [], []
     original = ctx.services.generator_failed
@@ -112,7 +113,7 @@ def main() -> None:
                 figures[key].append(_fail_one_mid_rollout(ctx, cluster, sig, step))
                 figures["spawn"].append(_spawn(ctx, cluster, index))
                 index += 1
-                ctx.services.generators()  # the newcomer is caught up by a publish to it alone
+                ctx.generators()  # the newcomer is caught up by a publish to it alone
                 figures["reform"].append(ctx.publish().duration_s)  # a new epoch: the membership changed
                 figures["same"].append(ctx.publish().duration_s)
             started = time.perf_counter()

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import structlog
 
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.launcher import ServiceSpec, python_module
+from coordinator.cluster.local import LocalCluster
+from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data import Tokens
+from coordinator.data.tokens import Tokens
+from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch import generator_settings, scratch_root
-from coordinator.launcher import ServiceSpec, python_module
-from coordinator.run import cache_root
-from generator_svc.types import SamplingConfig
+from tandem.generation.types import SamplingConfig
 
 
 def _start_vllm(cfg, cluster) -> None:

@@ -10,7 +10,7 @@
 `.train()` launches every service and runs exactly what `tandem run` runs
 (`coordinator.run.Run(cfg).execute()`); it returns the run's summary with its metric rows
 under "metrics". A `reward_fn` is served from this process as the reward service of its task
-(reward_svc/function_env.py), registered with the coordinator like any other.
+(reward_svc/hosted.py), registered with the coordinator like any other.
 
 Overrides (keyword arguments) are, in order of lookup: a friendly name (FRIENDLY_KEYS), a
 dotted key given as `**{"grpo.max_num_steps": 5}`, `section__key` (`grpo__max_num_steps=5`),
@@ -26,12 +26,8 @@ from typing import Any
 
 from rich.console import Console
 
-from coordinator.config import (
-    ConfigError,
-    ExperimentConfig,
-    LoggerConfig,
-    load_config,
-)
+from coordinator.config import ConfigError, ExperimentConfig, load_config
+from coordinator.config.run import LoggerConfig
 
 FRIENDLY_KEYS = {
     "max_steps": "grpo.max_num_steps",
@@ -127,8 +123,8 @@ class GRPOTrainer:
     def train(self) -> dict:
         """Launch the services, run, stop them all; returns the summary (plus "metrics": the
         rows of metrics.jsonl, each with its phase and step)."""
-        from coordinator.preference_run import create_run
-        from reward_svc.function_env import FunctionRewardService
+        from coordinator.run.create import create_run
+        from reward_svc.hosted import FunctionRewardService
 
         run = create_run(self.config, self.console)  # a dpo / rm config runs that algorithm
         hosted = [FunctionRewardService(task, fn, run.log) for task, fn in self.reward_fns.items()]
@@ -173,7 +169,7 @@ def _single_task(rows: list[dict] | None) -> str | None:
 
 def _write_rows(raw: dict[str, Any], rows: list[dict]) -> Path:
     """Write the rows as JSONL in the run's directory (naming the run now if unnamed)."""
-    from coordinator.run import default_run_name
+    from coordinator.run.paths import default_run_name
 
     if not rows:
         raise ConfigError("dataset is empty")

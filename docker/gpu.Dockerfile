@@ -22,4 +22,4 @@ COPY reward_svc reward_svc
 ENV PYTHONPATH=/srv/tandem TANDEM_HOME=/models PYTHONUNBUFFERED=1
 USER 1000:1000
 ENTRYPOINT []
-CMD ["python3", "-m", "coordinator.container", "coordinator"]
+CMD ["python3", "-m", "coordinator.cli.container", "coordinator"]

@@ -19,38 +19,49 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 # AF_UNIX socket paths are limited to 107 bytes; vLLM puts "<run dir>/<uuid4>" sockets there.
 _MAX_SCRATCH_CHARS = 107 - len("/g4194304/") - 36
 
 
-class GeneratorSettings(BaseModel):
+class VllmSettings(BaseModel):
+    """The vLLM engine's knobs (NeMo-RL's `policy.generation.vllm_cfg`): the coordinator's config
+    uses this class as that section, and a generator's settings extend it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    max_model_len: int = Field(64, ge=8)
+    """Longest prompt + completion in tokens."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Sequences the engine runs at once; announced as this generator's capacity."""
+    kv_cache_space_gib: int = Field(1, ge=1)
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM refuses to start on small boxes."""
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """GPU only: the fraction of the device's memory vLLM takes (weights, activations, KV cache).
+    Unset: 0.9 for a dedicated generator, 0.5 for a colocated one (it shares the trainer's
+    device; the coordinator splits that 0.5 between the colocated generators it launches)."""
+    enforce_eager: bool = True
+    """Skip torch.compile: 30-50 s more start-up on CPU for no gain on small models."""
+    tensor_parallel_size: Literal[1] = 1
+    """vLLM tensor parallelism inside one generator: only 1 for now."""
+
+
+class GeneratorSettings(VllmSettings):
     """What one generator process serves and how (the JSON file of `--settings`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     model_name: str
     """Hugging Face checkpoint directory (or hub name where downloads are possible)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Engine dtype; received weights are converted to it by the sender's bucket plan."""
-    max_model_len: int = Field(512, ge=8)
-    """Longest prompt + completion in tokens."""
-    max_num_seqs: int = Field(64, ge=1)
-    """Sequences the engine runs at once; announced as this generator's capacity."""
-    kv_cache_space_gib: int = Field(1, ge=1)
-    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM refuses to start on small boxes."""
     seed: int = 0
     """Engine seed (requests without a seed draw from it)."""
-    enforce_eager: bool = True
-    """Skip torch.compile: 30-50 s more start-up on CPU for no gain on small models."""
     colocated: bool = False
     """On the trainer's devices. On a GPU vLLM then starts in sleep mode (tandem.colocation), so
     the coordinator can free the device for the trainer between rollouts; on CPU nothing changes."""
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    """GPU only: the fraction of the device's memory vLLM takes (weights, activations, KV cache).
-    Colocated generators share the device with the trainer, so theirs must leave it room."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
     drain_timeout_s: float = Field(60.0, ge=0)
@@ -58,6 +69,12 @@ class GeneratorSettings(BaseModel):
     (the coordinator re-sends aborted prompts elsewhere)."""
     scratch_dir: Path = Path(".tandem/scratch")
     """Where vLLM's cache, ZMQ sockets and temp files go (instead of ~/.cache/vllm and /tmp)."""
+
+    @model_validator(mode="after")
+    def _memory_share(self) -> GeneratorSettings:
+        if self.gpu_memory_utilization is None:
+            object.__setattr__(self, "gpu_memory_utilization", 0.5 if self.colocated else 0.9)
+        return self
 
     @field_validator("cpu_threads_bind")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from protos.tandem.reward.v1 import reward_pb2 as pb
 from protos.tandem.reward.v1 import reward_pb2_grpc as pb_grpc
 from reward_svc.types import RewardInfo, ScoreItem, ScoreResult, StepItem, StepResult
-from tandem.rpc import open_channel
+from tandem.rpc import open_channel, rpc_failures
 
 
 class RewardClient:
@@ -15,17 +15,20 @@ class RewardClient:
         self._stub = pb_grpc.RewardServiceStub(self._channel)
         self._timeout_s = timeout_s
 
+    @rpc_failures
     def info(self) -> RewardInfo:
         reply = self._stub.GetInfo(pb.GetInfoRequest(), timeout=10.0)
         return RewardInfo(tasks=tuple(reply.tasks), scorers=dict(reply.scorers),
                           multi_turn_tasks=tuple(reply.multi_turn_tasks))
 
+    @rpc_failures
     def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
         request = pb.ScoreRequest(items=[pb.ScoreItem(task=i.task, prompt=i.prompt, completion=i.completion,
                                                       ground_truth=i.ground_truth) for i in items])
         reply = self._stub.Score(request, timeout=self._timeout_s)
         return [ScoreResult(reward=r.reward, correct=r.correct) for r in reply.results]
 
+    @rpc_failures
     def step(self, items: list[StepItem]) -> list[StepResult]:
         """Advance each episode by one turn (RewardService.Step)."""
         request = pb.StepRequest(items=[

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ScorerName = Literal["exact", "math", "code", "calculator", "reward_model"]
-MULTI_TURN_SCORERS = frozenset({"calculator"})
-"""Scorers whose episodes take several turns (the RewardService.Step protocol)."""
+
+class Scorer(str, Enum):
+    """What scores a task's completions (the engine builds one scorer object per task from it)."""
+
+    EXACT = "exact"
+    """The completion's first line equals the answer."""
+    MATH = "math"
+    """math-verify equivalence (boxed, plain numbers, LaTeX)."""
+    CODE = "code"
+    """The fraction of the item's tests that the completion's Python passes, run in the sandbox."""
+    CALCULATOR = "calculator"
+    """A multi-turn arithmetic task with a calculator tool (reward_svc/envs/calculator.py)."""
+    REWARD_MODEL = "reward_model"
+    """The scalar of a sequence-classification model over prompt + completion (the ground truth is ignored)."""
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes take several turns (the RewardService.Step protocol)."""
+        return self is Scorer.CALCULATOR
+
+    @property
+    def needs_model(self) -> bool:
+        """Scores with a model loaded in the service (settings `reward_model`)."""
+        return self is Scorer.REWARD_MODEL
 
 # What the sandbox needs beyond its wall clock: two interpreter starts, namespace setup, teardown.
 SANDBOX_STARTUP_MARGIN_S = 1.0
@@ -45,8 +67,9 @@ class RewardModelSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_name: str
-    """Local checkpoint directory (or hub name already in the local cache): model and tokenizer."""
+    model_name: str | None = None
+    """Local checkpoint directory (or hub name already in the local cache): model and tokenizer.
+    Required by the service; a coordinator fills an unset one with its embedded tiny reward model."""
     batch_size: int = Field(16, ge=1)
     """Sequences per forward pass."""
     max_length: int = Field(512, ge=2)
@@ -58,18 +81,11 @@ class RewardModelSettings(BaseModel):
     Bradley-Terry probability of beating a zero-score answer). `correct` is scalar > 0 either way."""
 
 
-class RewardSettings(BaseModel):
-    """Which scorer serves which task, and how scoring runs."""
+class ScoringSettings(BaseModel):
+    """How a reward service scores (the coordinator's `env.<task>` sections extend this class)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    tasks: dict[str, ScorerName] = Field(default_factory=lambda: {"arithmetic": "exact"})
-    """Task name -> scorer. `exact`: the completion's first line equals the answer;
-    `math`: math-verify equivalence (boxed, plain numbers, LaTeX); `code`: the fraction of the
-    item's tests that the completion's Python passes, run in the sandbox; `calculator`: a
-    multi-turn arithmetic task with a calculator tool (reward_svc/envs/calculator.py);
-    `reward_model`: the scalar of a sequence-classification model over prompt + completion
-    (settings `reward_model`; the ground truth is ignored)."""
     num_workers: int = Field(1, ge=1)
     """Worker processes that run the scorers (never the gRPC thread)."""
     item_timeout_s: float = Field(5.0, gt=0)
@@ -78,21 +94,27 @@ class RewardSettings(BaseModel):
     """Limits of the code sandbox (used by `code` tasks)."""
     max_tool_calls: int = Field(2, ge=0)
     """`calculator` tasks: tool calls allowed per episode; one more ends it with reward 0."""
-    reward_model: RewardModelSettings | None = None
-    """The model of `reward_model` tasks (required by them); loaded once, in the service process."""
+    reward_model: RewardModelSettings = Field(default_factory=RewardModelSettings)
+    """The model of `reward_model` tasks; loaded once, in the service process."""
 
-    @model_validator(mode="after")
-    def _reward_model_configured(self) -> RewardSettings:
-        if "reward_model" in self.tasks.values() and self.reward_model is None:
-            tasks = sorted(t for t, s in self.tasks.items() if s == "reward_model")
-            raise ValueError(f"tasks {tasks} use the reward_model scorer but reward_model (its model_name, "
-                             "batch_size, max_length, dtype) is not set")
-        return self
-
-    @model_validator(mode="after")
-    def _timeout_covers_sandbox(self) -> RewardSettings:
+    def _check_scorers(self, scorers: set[Scorer]) -> None:
         needed = self.sandbox.wall_s + SANDBOX_STARTUP_MARGIN_S
-        if "code" in self.tasks.values() and self.item_timeout_s <= needed:
+        if Scorer.CODE in scorers and self.item_timeout_s <= needed:
             raise ValueError(f"item_timeout_s ({self.item_timeout_s}) must exceed sandbox.wall_s + "
                              f"{SANDBOX_STARTUP_MARGIN_S} = {needed}: raise item_timeout_s or lower sandbox.wall_s")
+
+
+class RewardSettings(ScoringSettings):
+    """Which scorer serves which task, and how scoring runs."""
+
+    tasks: dict[str, Scorer] = Field(default_factory=lambda: {"arithmetic": Scorer.EXACT})
+    """Task name -> scorer (see Scorer)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RewardSettings:
+        scorers = set(self.tasks.values())
+        self._check_scorers(scorers)
+        if any(s.needs_model for s in scorers) and self.reward_model.model_name is None:
+            tasks = sorted(t for t, s in self.tasks.items() if s.needs_model)
+            raise ValueError(f"tasks {tasks} use the reward_model scorer but reward_model.model_name is not set")
         return self

@@ -21,9 +21,9 @@ import grpc
 
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
+from tandem.convert import enum_to_pb
 from tandem.rpc import TOKEN_METADATA_KEY
 
-KINDS = {"trainer": pb.SERVICE_KIND_TRAINER, "generator": pb.SERVICE_KIND_GENERATOR, "reward": pb.SERVICE_KIND_REWARD}
 CALL_TIMEOUT_S = 5.0
 
 
@@ -72,7 +72,7 @@ class MembershipAgent:
     async def _register(self, stub: pb_grpc.CoordinatorServiceStub) -> None:
         a = self._announcement
         reply = await stub.Register(pb.RegisterRequest(
-            kind=KINDS[a.kind], address=a.address, model_fingerprint=a.model_fingerprint, capacity=a.capacity,
+            kind=enum_to_pb(pb.ServiceKind.DESCRIPTOR, a.kind), address=a.address, model_fingerprint=a.model_fingerprint, capacity=a.capacity,
             tasks=a.tasks, pid=os.getpid(), shares_trainer_weights=a.shares_trainer_weights), metadata=self._metadata, timeout=CALL_TIMEOUT_S)
         self._member_id = reply.member_id
         self._interval_s = max(reply.heartbeat_interval_ms, 100) / 1000

@@ -10,15 +10,19 @@ Servers are `grpc.aio`; each one gets, in this order:
   and reflection, so `grpcurl` works against it.
 
 Clients are synchronous channels that attach the token; every stub call in the typed
-clients passes a deadline (`timeout=`).
+clients passes a deadline (`timeout=`), and a failed call raises `RpcFailure` (the typed clients'
+methods are wrapped in `rpc_failures`), so the code that calls them never imports grpc.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
+import inspect
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,84 @@ def load_token(env: dict[str, str] | None = None) -> str:
             return token
         raise TokenMissing(f"{TOKEN_FILE_ENV}={env[TOKEN_FILE_ENV]} is empty")
     raise TokenMissing(f"no shared token: set {TOKEN_ENV} or {TOKEN_FILE_ENV} (every Tandem RPC carries it)")
+
+
+class Status(str, Enum):
+    """A call's gRPC status code, by name (what `RpcFailure` carries)."""
+
+    CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    OUT_OF_RANGE = "OUT_OF_RANGE"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
+    INTERNAL = "INTERNAL"
+    UNAVAILABLE = "UNAVAILABLE"
+    DATA_LOSS = "DATA_LOSS"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+
+    @property
+    def rejects_request(self) -> bool:
+        """The service refused the request itself: sending it to another one, or again, cannot help."""
+        return self in _REQUEST_ERRORS
+
+    @property
+    def unreachable(self) -> bool:
+        """The service could not be reached or did not answer in time (it may be dead)."""
+        return self in _UNREACHABLE
+
+    @property
+    def retryable(self) -> bool:
+        """Worth retrying, on the same service or another one serving the same thing."""
+        return self in _UNREACHABLE or self is Status.ABORTED
+
+
+_REQUEST_ERRORS = frozenset({Status.INVALID_ARGUMENT, Status.UNAUTHENTICATED, Status.PERMISSION_DENIED,
+                             Status.UNIMPLEMENTED})
+_UNREACHABLE = frozenset({Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED, Status.CANCELLED})
+
+
+class RpcFailure(Exception):
+    """A call to another service failed: its status and the server's details."""
+
+    def __init__(self, status: Status, details: str):
+        super().__init__(f"{status.name}: {details}")
+        self.status = status
+        self.details = details
+
+
+def _failure(exc: grpc.RpcError) -> RpcFailure:
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    status = Status.__members__.get(code.name if code is not None else "UNKNOWN", Status.UNKNOWN)
+    return RpcFailure(status, details or "")
+
+
+def rpc_failures(method):
+    """Decorator of a typed client's methods: a grpc.RpcError (from a call, or while iterating a
+    stream) becomes an RpcFailure."""
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def stream(*args, **kwargs):
+            try:
+                yield from method(*args, **kwargs)
+            except grpc.RpcError as exc:
+                raise _failure(exc) from exc
+        return stream
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except grpc.RpcError as exc:
+            raise _failure(exc) from exc
+    return call
 
 
 # ----------------------------------------------------------------------------- server side

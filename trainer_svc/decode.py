@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from generator_svc.types import Completion, FinishReason, SamplingConfig
+from tandem.generation.types import Completion, FinishReason, SamplingConfig
 from trainer_svc.sampling import row_generator, sample_tokens
 
 

@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from generator_svc.types import SamplingConfig
+from tandem.generation.types import SamplingConfig
 from tandem.rpc import FailedPrecondition
 from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, make_bucket_plan
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import TrainerSettings
 from trainer_svc.cuda_ipc import CudaIpcExports
-from trainer_svc.decode import DecodeRequest, Decoder, DecodeSink
+from trainer_svc.decode import Decoder, DecodeRequest, DecodeSink
 from trainer_svc.distributed import close_distributed, init_distributed
 from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, write_hf_checkpoint
 from trainer_svc.interfaces import TrainerBackend

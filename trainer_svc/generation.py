@@ -1,4 +1,4 @@
-"""The generator contract (`generator_svc.interfaces.GenerationEngine`) over the trainer's own
+"""The generator contract (`tandem.generation.engine.GenerationEngine`) over the trainer's own
 model: what trainer rank 0 serves as `tandem.generator.v1.GeneratorService` with
 policy.generation.backend megatron, so the coordinator routes rollouts to it like to any
 generator.
@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor
 from importlib.metadata import version
 
-from generator_svc.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
+from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
 from tandem.rpc import FailedPrecondition
-from tandem.weight_sync import BucketPlan, GroupSpec
+from tandem.weight_source import CollectiveSource, WeightSource
 from trainer_svc.config import TrainerSettings
 from trainer_svc.decode import DecodeSink
 from trainer_svc.engine import TrainerEngine
@@ -87,20 +87,14 @@ class TrainerGenerationEngine:
             aborted.set()  # closed early: rank 0 stops the decode at its next step
             self._num_running -= rows
 
-    async def receive_weights(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan) -> int:
-        """Nothing to receive: the weights are the trainer's. Acknowledges `version` if the trainer
-        serves it; otherwise the publish must go to the trainer (a group of the trainer alone)."""
-        if version != self._trainer.weight_version:
+    async def load_weights(self, source: WeightSource, version: int) -> int:
+        """Nothing to read: the weights are the trainer's. Acknowledges `version` if the trainer
+        serves it (a publish to a group of the trainer alone made it so); refuses anything else."""
+        if not isinstance(source, CollectiveSource) or version != self._trainer.weight_version:
             raise FailedPrecondition(f"this generator serves the trainer's own weights (version "
                                      f"{self._trainer.weight_version}); version {version} comes from a publish to "
                                      "the trainer, not to it")
         return version
-
-    async def load_shared_weights(self, directory: str, version: int) -> int:
-        raise FailedPrecondition("this generator serves the trainer's own weights: there is nothing to load")
-
-    async def load_cuda_ipc_weights(self, buckets: Sequence[bytes], plan: BucketPlan, version: int) -> int:
-        raise FailedPrecondition("this generator serves the trainer's own weights: there is nothing to load")
 
     async def sleep(self, level: int) -> tuple[MemoryKind, ...]:
         raise FailedPrecondition("this generator is the trainer itself: it has no sleep mode")

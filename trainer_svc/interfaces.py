@@ -29,11 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
-from trainer_svc.backends.held_bytes import HeldBytes
+from trainer_svc.config import TrainingBackend
+from trainer_svc.held_bytes import HeldBytes
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
 
@@ -46,7 +47,7 @@ class TrainerBackend(Protocol):
     """Number of torchrun ranks."""
     device: torch.device
     """Device of this rank's compute."""
-    backend_kind: Literal["dtensor", "megatron"]
+    backend_kind: TrainingBackend
     """Which backend this is (reported by GetInfo)."""
     vocab_size: int
     """Size of the model's vocabulary; token ids must lie in [0, vocab_size)."""

@@ -5,7 +5,7 @@ k largest, then top-p keeps the smallest set of the most likely tokens whose pro
 reaches top_p (the most likely token always stays). Temperature 0 is greedy (argmax of the
 raw logits; top-k / top-p cannot change it). The logprob returned for a sampled token is
 untempered: log_softmax of the raw logits, whatever temperature, top-k or top-p did
-(the convention of `generator_svc.interfaces`).
+(the convention of `tandem.generation.engine`).
 
 Each sample draws from its own `torch.Generator`, so a seeded sample gets the same tokens
 however the rows are batched.

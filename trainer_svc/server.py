@@ -3,7 +3,7 @@
 Engine calls run one at a time on a single worker thread (they are lockstep commands that
 every rank must see in the same order) so the event loop stays free for health checks.
 A trainer that serves generation itself (settings.generation.enabled) also serves the
-generator contract on the same port, with the generator's own servicer over
+generator contract on the same port, with the contract's shared servicer (tandem.generation.servicer) over
 `trainer_svc.generation`, and registers as a generator sharing the trainer's weights.
 """
 
@@ -14,13 +14,11 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from generator_svc.server import SERVICE_NAME as GENERATOR_SERVICE_NAME
-from generator_svc.server import GeneratorServicer
-from protos.tandem.generator.v1 import generator_pb2_grpc as generator_pb_grpc
 from protos.tandem.trainer.v1 import trainer_pb2 as pb
 from protos.tandem.trainer.v1 import trainer_pb2_grpc as pb_grpc
-from tandem.convert import group_from_pb, plan_to_pb
 from tandem import service
+from tandem.convert import enum_from_pb, from_pb, group_from_pb, plan_to_pb, to_pb
+from tandem.generation import servicer as generator_contract
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
 from trainer_svc.config import TrainerSettings
@@ -36,12 +34,7 @@ from trainer_svc.types import (
 )
 
 SERVICE_NAME = "tandem.trainer.v1.TrainerService"
-_POLICIES = {pb.POLICY_KIND_CURRENT: "current", pb.POLICY_KIND_REFERENCE: "reference"}
-_BACKENDS = {"dtensor": pb.BACKEND_DTENSOR, "megatron": pb.BACKEND_MEGATRON}
-_KL_TYPES = {pb.KL_TYPE_UNSPECIFIED: "k3", pb.KL_TYPE_K1: "k1", pb.KL_TYPE_K2: "k2", pb.KL_TYPE_K3: "k3"}
-_TIS_TYPES = {pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_UNSPECIFIED: "tis", pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_TIS: "tis",
-              pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP: "icepop",
-              pb.TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS: "seq-mask-tis"}
+_LOSSES = {"grpo": GrpoLossConfig, "nll": NllLossConfig, "dpo": DpoLossConfig, "bradley_terry": BradleyTerryLossConfig}
 
 
 def _sample(s: pb.Sample) -> Sample:
@@ -50,36 +43,17 @@ def _sample(s: pb.Sample) -> Sample:
 
 
 def _loss(request: pb.TrainStepRequest) -> LossConfig:
-    match request.WhichOneof("loss"):
-        case "grpo":
-            return _grpo_loss(request.grpo)
-        case "nll":
-            return NllLossConfig()
-        case "dpo":
-            d = request.dpo
-            return DpoLossConfig(d.reference_policy_kl_penalty, d.preference_loss_weight, d.sft_loss_weight,
-                                 d.preference_average_log_probs, d.sft_average_log_probs)
-        case "bradley_terry":
-            return BradleyTerryLossConfig()
-    raise ValueError("TrainStepRequest.loss is not set (grpo, nll, dpo or bradley_terry)")
+    kind = request.WhichOneof("loss")
+    if kind is None:
+        raise ValueError("TrainStepRequest.loss is not set (grpo, nll, dpo or bradley_terry)")
+    return _LOSSES[kind](**from_pb(getattr(request, kind), _LOSSES[kind]))
 
 
-def _grpo_loss(g: pb.GrpoLoss) -> GrpoLossConfig:
-    def opt(name: str) -> float | None:
-        return getattr(g, name) if g.HasField(name) else None
-
-    if g.reference_policy_kl_type not in _KL_TYPES or g.truncated_importance_sampling_type not in _TIS_TYPES:
-        raise ValueError("GrpoLoss: unknown reference_policy_kl_type or truncated_importance_sampling_type")
-    return GrpoLossConfig(
-        g.ratio_clip_min, g.ratio_clip_max, g.reference_policy_kl_penalty, g.use_importance_sampling_correction,
-        ratio_clip_c=opt("ratio_clip_c"), reference_policy_kl_type=_KL_TYPES[g.reference_policy_kl_type],
-        kl_input_clamp_value=opt("kl_input_clamp_value"), kl_output_clamp_value=opt("kl_output_clamp_value"),
-        use_on_policy_kl_approximation=g.use_on_policy_kl_approximation, token_level_loss=not g.sequence_level_loss,
-        sequence_level_importance_ratios=g.sequence_level_importance_ratios,
-        truncated_importance_sampling_ratio=opt("truncated_importance_sampling_ratio"),
-        truncated_importance_sampling_type=_TIS_TYPES[g.truncated_importance_sampling_type],
-        truncated_importance_sampling_ratio_min=opt("truncated_importance_sampling_ratio_min"),
-        disable_ppo_ratio=g.disable_ppo_ratio, force_on_policy_ratio=g.force_on_policy_ratio)
+def _policy(request: pb.ComputeLogprobsRequest) -> str:
+    policy = enum_from_pb(pb.PolicyKind.DESCRIPTOR, request.policy)
+    if policy is None:
+        raise ValueError("ComputeLogprobsRequest.policy must be CURRENT or REFERENCE")
+    return policy
 
 
 class TrainerServicer(pb_grpc.TrainerServiceServicer):
@@ -92,17 +66,11 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
 
     async def GetInfo(self, request, context):
         info = self._engine.info()
-        return pb.GetInfoResponse(
-            model_name=info.model_name, model_fingerprint=info.model_fingerprint, backend=_BACKENDS[info.backend],
-            world_size=info.world_size, device_type=info.device_type,
-            weight_sync_store_address=info.weight_sync_store_address, bucket_plan=plan_to_pb(info.bucket_plan),
-            num_parameters=info.num_parameters, global_step=info.global_step)
+        return to_pb(pb.GetInfoResponse, info, bucket_plan=plan_to_pb(info.bucket_plan))
 
     async def ComputeLogprobs(self, request, context):
-        if request.policy not in _POLICIES:
-            raise ValueError("ComputeLogprobsRequest.policy must be CURRENT or REFERENCE")
-        rows = await self._call(self._engine.logprobs, [_sample(s) for s in request.samples],
-                                _POLICIES[request.policy], request.micro_batch_size)
+        rows = await self._call(self._engine.logprobs, [_sample(s) for s in request.samples], _policy(request),
+                                request.micro_batch_size)
         return pb.ComputeLogprobsResponse(samples=[pb.TokenLogprobs(logprobs=r) for r in rows])
 
     async def TrainStep(self, request, context):
@@ -139,11 +107,11 @@ async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-engine")
     servicer = TrainerServicer(engine, executor)
     register, names = [lambda s: pb_grpc.add_TrainerServiceServicer_to_server(servicer, s)], [SERVICE_NAME]
-    generator = GeneratorServicer(log)
+    generator = generator_contract.GeneratorServicer(log)
     if engine.serves_generation:
         generator.engine = TrainerGenerationEngine.build(engine, settings, executor)
-        register.append(lambda s: generator_pb_grpc.add_GeneratorServiceServicer_to_server(generator, s))
-        names.append(GENERATOR_SERVICE_NAME)
+        register.append(lambda s: generator_contract.add_to_server(generator, s))
+        names.append(generator_contract.SERVICE_NAME)
     running = generator.running = await start_server(register, names, host=args.host, port=args.port, token=token,
                                                      log=log)
     address = f"{args.advertise_host or args.host}:{running.port}"

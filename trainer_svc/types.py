@@ -9,7 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from tandem.weight_sync import BucketPlan
+from trainer_svc.config import TrainingBackend
 
 Policy = Literal["current", "reference"]
 """Which policy scores a batch: the one being trained or the frozen initial weights."""
@@ -42,107 +45,106 @@ KlType = Literal["k1", "k2", "k3"]
 TruncatedImportanceSamplingType = Literal["tis", "icepop", "seq-mask-tis"]
 
 
-@dataclass(frozen=True)
-class GrpoLossConfig:
+class _LossConfig(BaseModel):
+    """A loss's settings: validated at construction, immutable, unknown keys refused. The
+    coordinator's config uses these classes as its `loss_fn` / `dpo` sections (one schema)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class GrpoLossConfig(_LossConfig):
     """NeMo-RL's ClippedPGLossFn (field names are its `loss_fn.*` keys; `trainer_svc.losses.grpo`
     states the formula): clipped ratio to the previous policy (clip-higher through separate
     min/max, dual-clip through ratio_clip_c), KL to the reference, importance-sampling correction
     from the generation logprobs (optionally truncated), token- or sequence-level normalisation
     and GSPO's sequence-level ratio. Invalid combinations raise ValueError at construction."""
 
-    ratio_clip_min: float = 0.2
-    ratio_clip_max: float = 0.2
-    reference_policy_kl_penalty: float = 0.0
+    reference_policy_kl_penalty: float = Field(0.0, ge=0)
+    """KL coefficient (beta) of the KL-to-reference term."""
+    ratio_clip_min: float = Field(0.2, ge=0)
+    """Lower clip of the ratio: 1 - ratio_clip_min."""
+    ratio_clip_max: float = Field(0.2, ge=0)
+    """Upper clip of the ratio: 1 + ratio_clip_max (clip-higher when larger than ratio_clip_min)."""
     use_importance_sampling_correction: bool = True
-    ratio_clip_c: float | None = None
-    """Dual-clip constant (> 1): for A < 0 the token loss is at most -A * ratio_clip_c. None: off."""
+    """Weight each token by exp(previous - generation logprob): corrects for a generator whose
+    numerics (or weights, when trajectories are off-policy) differ from the trainer's."""
+    token_level_loss: bool = True
+    """True: mean over the step's tokens. False: mean over each sequence's tokens, then over sequences."""
+    ratio_clip_c: float | None = Field(None, gt=1)
+    """Dual-clip constant for negative advantages (usually 3): the token loss is at most -A * c. None: off."""
     reference_policy_kl_type: KlType = "k3"
-    kl_input_clamp_value: float | None = None
+    """KL estimator: k1 (log ratio), k2 (half squared log ratio), k3 (Schulman's unbiased, non-negative)."""
+    kl_input_clamp_value: float | None = Field(20.0, gt=0)
     """Clamp of log(ref / policy) before the KL estimator (None: none)."""
-    kl_output_clamp_value: float | None = None
+    kl_output_clamp_value: float | None = Field(10.0, gt=0)
     """Clamp of the per-token KL estimate (None: none)."""
     use_on_policy_kl_approximation: bool = False
     """Weight the per-token KL by exp(curr - generation) (detached)."""
-    token_level_loss: bool = True
-    """True: mean over the step's tokens. False: mean over each sequence's tokens, then over sequences."""
     sequence_level_importance_ratios: bool = False
     """GSPO: one ratio per sequence, exp(mean of the token log-ratios); needs token_level_loss False."""
-    truncated_importance_sampling_ratio: float | None = None
+    truncated_importance_sampling_ratio: float | None = Field(None, gt=0)
     """Upper bound of the importance weight exp(prev - generation); None: no truncation."""
     truncated_importance_sampling_type: TruncatedImportanceSamplingType = "tis"
     """tis: clamp weights to the bound; icepop: zero tokens whose weight is outside [min, max];
     seq-mask-tis: zero sequences whose geometric-mean weight is outside [min, max]."""
-    truncated_importance_sampling_ratio_min: float | None = None
+    truncated_importance_sampling_ratio_min: float | None = Field(None, ge=0)
     """Lower bound for icepop and seq-mask-tis."""
     disable_ppo_ratio: bool = False
     """REINFORCE/RLOO loss: -A * logprob, no ratio and no clipping."""
     force_on_policy_ratio: bool = False
     """Ratio forced to 1 in value (gradients still flow): exactly on-policy."""
 
-    def __post_init__(self) -> None:
-        if self.ratio_clip_min < 0 or self.ratio_clip_max < 0:
-            raise ValueError("ratio_clip_min and ratio_clip_max must be >= 0")
-        if self.ratio_clip_c is not None and not self.ratio_clip_c > 1:
-            raise ValueError(f"ratio_clip_c must be > 1 (dual-clip), or null to disable it; got {self.ratio_clip_c}")
-        if self.reference_policy_kl_penalty < 0:
-            raise ValueError("reference_policy_kl_penalty must be >= 0")
-        if self.reference_policy_kl_type not in ("k1", "k2", "k3"):
-            raise ValueError(f"reference_policy_kl_type must be k1, k2 or k3, got {self.reference_policy_kl_type!r}")
+    @model_validator(mode="after")
+    def _valid_combination(self) -> GrpoLossConfig:
         if self.sequence_level_importance_ratios and self.token_level_loss:
             raise ValueError("sequence_level_importance_ratios (GSPO) needs token_level_loss: false")
         if self.disable_ppo_ratio and (self.sequence_level_importance_ratios or self.force_on_policy_ratio):
             raise ValueError("disable_ppo_ratio excludes sequence_level_importance_ratios and force_on_policy_ratio")
         tis = self.truncated_importance_sampling_ratio
-        if tis is not None:
-            if not self.use_importance_sampling_correction:
-                raise ValueError("truncated_importance_sampling_ratio needs use_importance_sampling_correction: true")
-            if not tis > 0:
-                raise ValueError(f"truncated_importance_sampling_ratio must be > 0, got {tis}")
-            if self.truncated_importance_sampling_type not in ("tis", "icepop", "seq-mask-tis"):
-                raise ValueError("truncated_importance_sampling_type must be tis, icepop or seq-mask-tis")
-            if self.truncated_importance_sampling_type != "tis":
-                low = self.truncated_importance_sampling_ratio_min
-                if low is None or not 0 <= low <= tis:
-                    raise ValueError(f"truncated_importance_sampling_type {self.truncated_importance_sampling_type} "
-                                     "needs 0 <= truncated_importance_sampling_ratio_min <= "
-                                     "truncated_importance_sampling_ratio")
-                if self.truncated_importance_sampling_type == "seq-mask-tis" and self.sequence_level_importance_ratios:
-                    raise ValueError("seq-mask-tis keeps token-level weights: it excludes sequence_level_importance_ratios")
+        if tis is None:
+            return self
+        if not self.use_importance_sampling_correction:
+            raise ValueError("truncated_importance_sampling_ratio needs use_importance_sampling_correction: true")
+        if self.truncated_importance_sampling_type != "tis":
+            low = self.truncated_importance_sampling_ratio_min
+            if low is None or not 0 <= low <= tis:
+                raise ValueError(f"truncated_importance_sampling_type {self.truncated_importance_sampling_type} "
+                                 "needs 0 <= truncated_importance_sampling_ratio_min <= "
+                                 "truncated_importance_sampling_ratio")
+            if self.truncated_importance_sampling_type == "seq-mask-tis" and self.sequence_level_importance_ratios:
+                raise ValueError("seq-mask-tis keeps token-level weights: it excludes sequence_level_importance_ratios")
+        return self
 
 
-@dataclass(frozen=True)
-class NllLossConfig:
+class NllLossConfig(_LossConfig):
     """Token-mean negative log-likelihood of the masked completion tokens (SFT)."""
 
 
-@dataclass(frozen=True)
-class DpoLossConfig:
+class DpoLossConfig(_LossConfig):
     """NeMo-RL's DPOLossFn (field names are its `dpo.*` keys; `trainer_svc.losses.preference`
     states the formula): preference term -log sigmoid(beta * (r_chosen - r_rejected)) with
     r = summed (or averaged) token log-ratios to the frozen reference, plus an optional NLL term
     on the chosen completions. Samples come in (chosen, rejected) pairs (see PAIRED_LOSSES)."""
 
-    reference_policy_kl_penalty: float = 0.05
+    reference_policy_kl_penalty: float = Field(0.05, gt=0)
     """beta: scale of the reward difference inside the sigmoid."""
-    preference_loss_weight: float = 1.0
-    sft_loss_weight: float = 0.0
+    preference_loss_weight: float = Field(1.0, ge=0)
+    """Weight of the preference term."""
+    sft_loss_weight: float = Field(0.0, ge=0)
     """Weight of the NLL of the chosen completions; 0: no SFT term."""
     preference_average_log_probs: bool = False
     """Average each completion's token log-ratios instead of summing them."""
     sft_average_log_probs: bool = False
     """Average each chosen completion's token NLL instead of summing it."""
 
-    def __post_init__(self) -> None:
-        if not self.reference_policy_kl_penalty > 0:
-            raise ValueError(f"dpo.reference_policy_kl_penalty (beta) must be > 0, got {self.reference_policy_kl_penalty}")
-        if self.preference_loss_weight < 0 or self.sft_loss_weight < 0:
-            raise ValueError("dpo.preference_loss_weight and dpo.sft_loss_weight must be >= 0")
+    @model_validator(mode="after")
+    def _something_to_train(self) -> DpoLossConfig:
         if self.preference_loss_weight == 0 and self.sft_loss_weight == 0:
             raise ValueError("dpo.preference_loss_weight and dpo.sft_loss_weight are both 0: nothing to train")
+        return self
 
 
-@dataclass(frozen=True)
-class BradleyTerryLossConfig:
+class BradleyTerryLossConfig(_LossConfig):
     """Bradley-Terry loss of a scalar-head reward model (a sequence classifier with one label):
     -log sigmoid(score(chosen) - score(rejected)), mean over pairs. Samples come in pairs."""
 
@@ -158,7 +160,7 @@ class TrainerInfo:
 
     model_name: str
     model_fingerprint: str
-    backend: Literal["dtensor", "megatron"]
+    backend: TrainingBackend
     world_size: int
     device_type: str
     weight_sync_store_address: str

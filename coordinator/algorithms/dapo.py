@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from coordinator.algorithms.groups import RolloutGroups
-from coordinator.config import GRPOConfig
+from coordinator.config.algorithms import GRPOConfig
+from coordinator.loop.groups import RolloutGroups
 
 
 class DynamicSamplingExhausted(RuntimeError):

@@ -6,7 +6,8 @@ policy (ComputeLogprobs) and reports DPO's reward accuracy and margin on them.""
 
 from __future__ import annotations
 
-from coordinator.algorithms.preference import PreferenceContext, PreferencePair, policy_samples
+from coordinator.algorithms.preference import PreferenceContext, policy_samples
+from coordinator.data.preference import PreferencePair
 
 
 def dpo_step(ctx: PreferenceContext) -> dict[str, float]:

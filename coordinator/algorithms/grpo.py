@@ -1,84 +1,91 @@
 """One synchronous GRPO step (DESIGN.md): prompts -> rollouts -> rewards -> advantages ->
 train -> publish weights. Colocated on GPUs the generators sleep from the end of the rollouts
-to the publish (coordinator/colocation.py); elsewhere those two calls do nothing."""
+to the publish (coordinator/loop/weights/phases.py); elsewhere that call does nothing."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.dapo import draw_rollouts
-from coordinator.algorithms.groups import RolloutGroups
-from coordinator.algorithms.grpo_batch import prepare_samples
-from coordinator.multiturn import Episode, collect_episodes
-from coordinator.scoring import per_task_metrics
-from generator_svc.types import SamplingConfig
-from trainer_svc.types import GrpoLossConfig
+from coordinator.algorithms.grpo_samples import prepare_samples
+from coordinator.loop.context import LoopContext
+from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.multiturn import Episode, collect_episodes
+from coordinator.loop.scoring import per_task_metrics
+from tandem.generation.types import SamplingConfig
 
 
 def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
-    cfg = ctx.cfg
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[f"time_{name}_s"] = now - clock
-        clock = now
-
-    def draw(round_index: int, num_prompts: int) -> RolloutGroups:
-        batch = ctx.cursor.next_batch(num_prompts)
-        prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
-        sampling = _sampling(ctx, step)
-        if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
-            sampling = replace(sampling, seed=sampling.seed + round_index * 7919)
-        # single-turn tasks: generate, then Score; multi-turn tasks: episodes stepped by their environment
-        groups = collect_episodes(ctx, batch, prompts, sampling)
-        return RolloutGroups(batch, prompts, groups, *_rewards(groups))
-
-    rollouts, sampling_metrics = draw_rollouts(cfg.grpo, draw)  # DAPO dynamic sampling when enabled
-    groups, rewards_PG, correct = rollouts.groups, rollouts.rewards_PG, rollouts.correct_PG
-    ctx.release_generators()  # no generation from here to the publish
-    lap("rollout")  # generation and scoring (multi-turn episodes interleave the two), then the generators' sleep
-    samples, advantage_metrics = prepare_samples(ctx, rollouts)  # shaping, KL in reward, advantages, masks
-    lap("advantages")
-    result = ctx.services.trainer.train_step(samples, _loss(ctx), global_batch_size=cfg.policy.train_global_batch_size,
-                                             micro_batch_size=cfg.policy.train_micro_batch_size)
-    lap("train")
-    published = ctx.publish()
-    lap("publish")
-    versions = {c.weight_version for group in groups for c in group}
-    return {
-        **result.metrics,
-        "reward_mean": float(rewards_PG.mean()),
-        **sampling_metrics,
-        **advantage_metrics,
-        "accuracy_train": float(correct.float().mean()),
-        **per_task_metrics([e.task for g in groups for e in g], rewards_PG.flatten().tolist(), correct.flatten().tolist(),
-                           [e.num_turns for g in groups for e in g]),
-        "zero_variance_groups": float((rewards_PG.std(dim=1) == 0).sum()),
-        "completion_length_mean": sum(len(c.token_ids) for g in groups for c in g) / len(samples),
-        "truncated_fraction": sum(c.finish_reason == "length" for g in groups for c in g) / len(samples),
-        "num_samples": float(len(samples)),
-        "generation_weight_version": float(min(versions)),
-        "weight_version": float(published.version),
-        **timings,
-    }
+    cfg, timings = ctx.cfg, PhaseTimes()
+    with timings("rollout"):  # generation and scoring (multi-turn episodes interleave the two)
+        rollouts, sampling_metrics = draw_rollouts(cfg.grpo, lambda r, n: rollout_round(ctx, step, r, n))
+        ctx.release_generators()  # no generation from here to the publish
+    with timings("advantages"):  # reward shaping, KL in the reward, advantages, loss masks
+        samples, advantage_metrics = prepare_samples(ctx, rollouts)
+    with timings("train"):
+        result = ctx.services.trainer.train_step(samples, cfg.loss_fn.trainer_loss(),
+                                                 global_batch_size=cfg.policy.train_global_batch_size,
+                                                 micro_batch_size=cfg.policy.train_micro_batch_size)
+    with timings("publish"):
+        published = ctx.publish()
+    return {**result.metrics, **rollout_metrics(rollouts), **sampling_metrics, **advantage_metrics,
+            "weight_version": float(published.version), **timings.metrics}
 
 
-def _sampling(ctx: LoopContext, step: int) -> SamplingConfig:
+def rollout_round(ctx: LoopContext, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
+    """The next `num_prompts` prompts, rolled out and scored (one round of dynamic sampling)."""
+    batch = ctx.cursor.next_batch(num_prompts)
+    prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
+    sampling = step_sampling(ctx, step)
+    if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
+        sampling = replace(sampling, seed=sampling.seed + round_index * 7919)
+    groups = collect_episodes(ctx, batch, prompts, sampling)
+    return RolloutGroups(batch, prompts, groups, *_rewards(groups))
+
+
+def step_sampling(ctx: LoopContext, step: int) -> SamplingConfig:
+    """The step's sampling: the config's, seeded by (grpo.seed, step) so a resumed run repeats it."""
     gen = ctx.cfg.policy.generation
     return SamplingConfig(n=ctx.cfg.grpo.num_generations_per_prompt, temperature=gen.temperature, top_p=gen.top_p,
                           top_k=gen.top_k if gen.top_k is not None else -1, max_tokens=gen.max_new_tokens,
                           seed=ctx.cfg.grpo.seed * 1_000_003 + step * 100_003)
 
 
-def _loss(ctx: LoopContext) -> GrpoLossConfig:
-    return ctx.cfg.loss_fn.trainer_loss()
+def rollout_metrics(rollouts: RolloutGroups) -> dict[str, float]:
+    """Rewards, accuracy (overall and per task), lengths and the oldest weight version that sampled."""
+    episodes = [e for group in rollouts.groups for e in group]
+    rewards_PG, correct = rollouts.rewards_PG, rollouts.correct_PG
+    return {
+        "reward_mean": float(rewards_PG.mean()),
+        "accuracy_train": float(correct.float().mean()),
+        **per_task_metrics([e.task for e in episodes], rewards_PG.flatten().tolist(), correct.flatten().tolist(),
+                           [e.num_turns for e in episodes]),
+        "zero_variance_groups": float((rewards_PG.std(dim=1) == 0).sum()),
+        "completion_length_mean": sum(len(e.token_ids) for e in episodes) / len(episodes),
+        "truncated_fraction": sum(e.finish_reason == "length" for e in episodes) / len(episodes),
+        "num_samples": float(len(episodes)),
+        "generation_weight_version": float(min(e.weight_version for e in episodes)),
+    }
+
+
+class PhaseTimes:
+    """Wall time of each named phase of a step, as `time_<phase>_s` metrics."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.metrics[f"time_{phase}_s"] = time.perf_counter() - started
 
 
 def _rewards(groups: list[list[Episode]]) -> tuple[torch.Tensor, torch.Tensor]:

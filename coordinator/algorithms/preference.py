@@ -1,32 +1,16 @@
-"""Preference pairs for DPO and reward-model training: reading, the loop's context, and
-turning pairs into the trainer's samples ((chosen, rejected) adjacent, chosen first)."""
+"""DPO and reward-model training: the loop's context, and turning preference pairs into the
+trainer's samples ((chosen, rejected) adjacent, chosen first)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from coordinator.config import DataConfig, ExperimentConfig
-from coordinator.data import PromptCursor, Tokens, jsonl_rows
+from coordinator.config import ExperimentConfig
+from coordinator.data.examples import PromptCursor
+from coordinator.data.preference import PreferencePair
+from coordinator.data.tokens import Tokens
 from trainer_svc.client import TrainerClient
 from trainer_svc.types import Sample
-
-
-@dataclass(frozen=True)
-class PreferencePair:
-    prompt: str
-    chosen: str
-    rejected: str
-
-
-def read_pairs(path: Path, cfg: DataConfig) -> list[PreferencePair]:
-    """Rows with data.prompt_key / chosen_key / rejected_key; ValueError naming the line."""
-    keys = (cfg.prompt_key, cfg.chosen_key, cfg.rejected_key)
-    hint = "a preference row; see data.prompt_key / data.chosen_key / data.rejected_key"
-    pairs = [PreferencePair(*(str(row[k]) for k in keys)) for row in jsonl_rows(path, keys, hint)]
-    if not pairs:
-        raise ValueError(f"{path} holds no preference pairs")
-    return pairs
 
 
 @dataclass

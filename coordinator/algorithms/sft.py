@@ -4,7 +4,7 @@ samples each, so a long warm start costs few round trips."""
 
 from __future__ import annotations
 
-from coordinator.algorithms.context import LoopContext
+from coordinator.loop.context import LoopContext
 from trainer_svc.types import NllLossConfig, Sample
 
 

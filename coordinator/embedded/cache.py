@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 COMPLETE_MARKER = ".complete"
+
+
+def cache_root() -> Path:
+    """Where built models and datasets are kept: $TANDEM_HOME, else ~/.cache/tandem."""
+    return Path(os.environ.get("TANDEM_HOME", Path.home() / ".cache" / "tandem"))
+
 _TMP_INFIX = ".tmp-"
 _STALE_TMP_AGE_S = 3600.0
 

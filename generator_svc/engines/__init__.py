@@ -1,1 +1,1 @@
-"""Generation engines behind `generator_svc.interfaces.GenerationEngine`."""
+"""Generation engines behind `tandem.generation.engine.GenerationEngine`."""

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any, get_args
 
 from generator_svc.config import GeneratorSettings
-from generator_svc.types import MemoryKind
 from tandem.colocation import resolve_colocation
+from tandem.generation.types import MemoryKind
 from tandem.rpc import FailedPrecondition
 
 ALL_MEMORY: tuple[MemoryKind, ...] = get_args(MemoryKind)

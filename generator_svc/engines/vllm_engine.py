@@ -39,10 +39,10 @@ from generator_svc.config import GeneratorSettings
 from generator_svc.engines.gate import SwapGate
 from generator_svc.engines.sleep import SleepState, memory_args
 from generator_svc.engines.vllm_outputs import to_completion
-from generator_svc.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
-from generator_svc.worker_extension import group_to_json, plan_to_json
+from generator_svc.worker_extension import APPLY, STAGE
+from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
 from tandem.rpc import FailedPrecondition
-from tandem.weight_sync import BucketPlan, GroupSpec
+from tandem.weight_source import CollectiveSource, WeightSource, source_to_json
 
 WORKER_EXTENSION = "generator_svc.worker_extension.TandemWeightExtension"
 _RPC_MARGIN_S = 30.0  # on top of the collective's own per-operation timeouts
@@ -156,22 +156,10 @@ class VllmEngine:
         assert final is not None and final.finished, f"vLLM request {request_id} ended without a final output"
         return to_completion(final.outputs[0], prompt_index, sample_index, self._version)
 
-    async def receive_weights(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan) -> int:
-        if not 1 <= rank < group.world_size:
-            raise ValueError(f"generators take ranks 1..{group.world_size - 1} of the group, got {rank}")
-        log = self._log.bind(weight_version=version, epoch=group.epoch, rank=rank)
+    async def load_weights(self, source: WeightSource, version: int) -> int:
+        log = self._log.bind(weight_version=version, source=type(source).__name__)
         # Shielded: a caller that gives up (deadline) must not interrupt a swap half-way.
-        return await asyncio.shield(self._swap(version, log, lambda: self._stage(group, rank, version, plan, log)))
-
-    async def load_shared_weights(self, directory: str, version: int) -> int:
-        log = self._log.bind(weight_version=version, shared_memory_dir=directory)
-        return await asyncio.shield(self._swap(version, log, lambda: self._stage_shared(directory, version, log)))
-
-    async def load_cuda_ipc_weights(self, buckets: Sequence[bytes], plan: BucketPlan, version: int) -> int:
-        if len(buckets) != len(plan.bucket_sizes_bytes):
-            raise ValueError(f"{len(buckets)} CUDA IPC handles for a plan of {len(plan.bucket_sizes_bytes)} buckets")
-        log = self._log.bind(weight_version=version, cuda_ipc=True)
-        return await asyncio.shield(self._swap(version, log, lambda: self._stage_cuda_ipc(buckets, plan, version, log)))
+        return await asyncio.shield(self._swap(version, log, lambda: self._stage(source, version, log)))
 
     async def _swap(self, version: int, log: Any, stage: Any) -> int:
         async with self._swap_lock:
@@ -210,48 +198,25 @@ class VllmEngine:
                 self._log.info("generator_woke", memory=list(kinds), still_asleep=list(self._sleep.asleep))
         return self._sleep.asleep
 
-    async def _stage(self, group: GroupSpec, rank: int, version: int, plan: BucketPlan, log: Any) -> None:
+    async def _stage(self, source: WeightSource, version: int, log: Any) -> None:
+        """Read `version` into the worker (staged beside the serving weights); raises, staging
+        nothing, on failure (the old weights are untouched)."""
         started = time.monotonic()
-        timeout_s = group.op_timeout_s * (len(plan.bucket_sizes_bytes) + 2) + _RPC_MARGIN_S
+        timeout_s = _RPC_MARGIN_S + (source.group.op_timeout_s * (len(source.plan.bucket_sizes_bytes) + 2)
+                                     if isinstance(source, CollectiveSource) else 300.0)
         try:
-            counts = await self._llm.collective_rpc(
-                "tandem_stage_weights", timeout=timeout_s,
-                args=(group_to_json(group), rank, version, plan_to_json(plan)))
-        except Exception as exc:  # vLLM re-raises worker errors as plain Exception; the old weights are untouched
-            log.warning("weights_receive_failed", error=f"{type(exc).__name__}: {exc}", serving=self._serving)
-            raise ConnectionError(f"receiving weight version {version} failed, version {self._version} "
-                                  f"{'keeps serving' if self._serving else 'is not serving'}: {exc}") from exc
-        log.info("weights_received", tensors=counts[0], bytes=plan.total_bytes,
-                 seconds=round(time.monotonic() - started, 3))
-
-    async def _stage_shared(self, directory: str, version: int, log: Any) -> None:
-        started = time.monotonic()
-        try:
-            counts = await self._llm.collective_rpc("tandem_stage_shared", timeout=300.0, args=(directory, version))
-        except Exception as exc:  # as in _stage: the old weights are untouched
-            log.warning("weights_load_failed", error=f"{type(exc).__name__}: {exc}", serving=self._serving)
-            raise ConnectionError(f"loading weight version {version} from {directory} failed, version "
+            counts = await self._llm.collective_rpc(STAGE, timeout=timeout_s, args=(source_to_json(source), version))
+        except Exception as exc:  # vLLM re-raises worker errors as plain Exception
+            log.warning("weights_read_failed", error=f"{type(exc).__name__}: {exc}", serving=self._serving)
+            raise ConnectionError(f"reading weight version {version} from {type(source).__name__} failed, version "
                                   f"{self._version} {'keeps serving' if self._serving else 'is not serving'}: "
                                   f"{exc}") from exc
-        log.info("weights_loaded_from_shared_memory", tensors=counts[0], seconds=round(time.monotonic() - started, 3))
-
-    async def _stage_cuda_ipc(self, buckets: Sequence[bytes], plan: BucketPlan, version: int, log: Any) -> None:
-        started = time.monotonic()
-        try:
-            counts = await self._llm.collective_rpc("tandem_stage_cuda_ipc", timeout=300.0,
-                                                    args=(list(buckets), plan_to_json(plan), version))
-        except Exception as exc:  # as in _stage: the old weights are untouched
-            log.warning("weights_ipc_failed", error=f"{type(exc).__name__}: {exc}", serving=self._serving)
-            raise ConnectionError(f"reading weight version {version} through CUDA IPC failed, version "
-                                  f"{self._version} {'keeps serving' if self._serving else 'is not serving'}: "
-                                  f"{exc}") from exc
-        log.info("weights_read_through_cuda_ipc", tensors=counts[0], bytes=plan.total_bytes,
-                 seconds=round(time.monotonic() - started, 3))
+        log.info("weights_staged", tensors=counts[0], seconds=round(time.monotonic() - started, 3))
 
     async def _apply(self, version: int, log: Any) -> None:
         """Swap the staged version in (generation is paused)."""
         try:
-            await self._llm.collective_rpc("tandem_apply_staged", args=(version,))
+            await self._llm.collective_rpc(APPLY, args=(version,))
             await self._llm.reset_prefix_cache()
             await self._llm.engine_core.set_weight_version_async(str(version))
         except Exception:

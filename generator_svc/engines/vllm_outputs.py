@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from generator_svc.types import Completion, FinishReason
+from tandem.generation.types import Completion, FinishReason
 
 # "repetition" is a stop condition vLLM detects itself (not enabled by Tandem); "error" is
 # a request-level engine failure: the sample is unusable, like an aborted one.

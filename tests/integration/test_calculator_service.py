@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from coordinator.multiturn import run_episodes
-from generator_svc.types import Completion, SamplingConfig
+from coordinator.loop.multiturn import run_episodes
 from reward_svc.client import RewardClient
 from reward_svc.types import StepItem, Turn
+from tandem.generation.types import Completion, SamplingConfig
 from tests import procs
 
 pytestmark = pytest.mark.integration

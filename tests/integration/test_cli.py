@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 def _tandem(*args: str, cwd: Path, env_home: Path, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "TANDEM_HOME": str(env_home), "OMP_NUM_THREADS": "1"}
     env.pop("TANDEM_TOKEN", None)
-    return subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             **kwargs)
 

@@ -25,15 +25,16 @@ import time
 import pytest
 import structlog
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.launcher import ServiceSpec, python_module
+from coordinator.cluster.local import LocalCluster
+from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch import generator_settings, scratch_root
-from coordinator.launcher import ServiceSpec, python_module
+from coordinator.loop.context import LoopContext
 from generator_svc.client import GeneratorClient
 from tests import procs
 
@@ -176,7 +177,7 @@ def test_repeated_kill_9_of_a_random_generator_mid_step(flow, monkeypatch):
     ctx.services.generator_failed = lambda h, e: (failures.append((h.member_id, time.monotonic())), original(h, e))
     for kill in range(KILLS):
         pool.wait_live(2)
-        admitted = ctx.services.generators()  # brings newcomers up to date first
+        admitted = ctx.generators()  # brings newcomers up to date first
         assert len(admitted) >= 2
         victim = rng.choice(admitted)
         pid = next(m.pid for m in cluster.registry.live("generator") if m.member_id == victim.member_id)
@@ -204,7 +205,7 @@ def test_repeated_kill_9_of_a_random_generator_mid_step(flow, monkeypatch):
         if ctx.publisher.epoch > epoch:
             reforms.append(metrics["time_publish_s"])
         for g in ctx.services.all_generators():  # every generator in rotation serves the announced version
-            if ctx.publisher.is_current(g.member_id):
+            if ctx.publisher.versions.is_current(g.member_id):
                 assert g.client.info().weight_version == ctx.publisher.version
     assert mid_rollout >= KILLS // 2, f"only {mid_rollout} of {KILLS} kills landed mid-rollout"
     print(f"\n{KILLS} kills ({mid_rollout} mid-rollout): detection {min(detections):.3f}-{max(detections):.3f}s "
@@ -216,7 +217,7 @@ def test_sigterm_drains_generators_down_to_one(flow, monkeypatch):
     ctx, cluster, pool, totals = flow
     recorder = Recorder(monkeypatch)
     pool.wait_live(3)
-    admitted = ctx.services.generators()
+    admitted = ctx.generators()
     keep, leaving = admitted[0], admitted[1:]
     members = {m.member_id: m for m in cluster.registry.live("generator")}
     names = {pid: name for name, pid in cluster.launcher.pids().items()}

@@ -18,16 +18,17 @@ import time
 import pytest
 import structlog
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.launcher import ServiceSpec, python_module
+from coordinator.cluster.local import LocalCluster
+from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch import generator_settings, scratch_root
-from coordinator.launcher import ServiceSpec, python_module
-from generator_svc.types import SamplingConfig
+from coordinator.loop.context import LoopContext
+from tandem.generation.types import SamplingConfig
 from tests import procs
 
 pytestmark = pytest.mark.integration
@@ -74,7 +75,7 @@ def test_kill_9_mid_rollout_loses_no_sample_and_the_next_publish_reforms(loop):
     services = ctx.services
     ctx.publish()
     first_epoch, version = ctx.publisher.epoch, ctx.publisher.version
-    victim = services.generators()[1]  # holds prompts 8..15 of the step
+    victim = ctx.generators()[1]  # holds prompts 8..15 of the step
     pid = _member(cluster, victim.member_id).pid
     killed: list[float] = []
 
@@ -114,9 +115,9 @@ def test_a_generator_started_mid_run_gets_the_current_weights_before_work(loop):
     cluster.launcher.start(ServiceSpec("generator-2", python_module(
         "generator_svc", "--settings", str(path), "--host", cfg.cluster.host, "--coordinator", cluster.address)))
     cluster.registry.wait_for(lambda ms: sum(m.kind == "generator" for m in ms) >= 2, 300)
-    old, new = sorted(services.all_generators(), key=lambda g: not ctx.publisher.is_current(g.member_id))
-    assert not ctx.publisher.is_current(new.member_id) and new.client.info().weight_version == 0
-    ready = services.generators()  # brings the newcomer up to date first
+    old, new = sorted(services.all_generators(), key=lambda g: not ctx.publisher.versions.is_current(g.member_id))
+    assert not ctx.publisher.versions.is_current(new.member_id) and new.client.info().weight_version == 0
+    ready = ctx.generators()  # brings the newcomer up to date first
     assert {g.member_id for g in ready} == {old.member_id, new.member_id}
     assert new.client.info().weight_version == ctx.publisher.version
     prompt = ctx.tokens.prompt("37+45=")
@@ -133,13 +134,13 @@ def test_a_publish_that_fails_part_way_is_retried_without_the_dead(loop):
     assert len(generators) == 2
     victim = generators[-1]
     pid = _member(cluster, victim.member_id).pid
-    receive = victim.client.receive_weights
+    receive = victim.client.load_weights
 
     def die_on_receive(*args, **kwargs):  # the receiver dies as the broadcast starts
         os.killpg(pid, signal.SIGKILL)
         return receive(*args, **kwargs)
 
-    victim.client.receive_weights = die_on_receive
+    victim.client.load_weights = die_on_receive
     epoch, version = ctx.publisher.epoch, ctx.publisher.version
     started = time.monotonic()
     report = ctx.publish()
@@ -148,6 +149,6 @@ def test_a_publish_that_fails_part_way_is_retried_without_the_dead(loop):
     assert report.attempts == 2 and report.num_generators == 1 and report.version == version + 1
     assert report.epoch == epoch + 1  # the failed attempt reused the current group; the retry forms a new one
     assert victim.member_id not in {g.member_id for g in services.all_generators()}
-    survivor = services.generators()
+    survivor = ctx.generators()
     assert len(survivor) == 1 and survivor[0].client.info().weight_version == report.version
     assert grpo_step(ctx, 4)["num_samples"] == 16 * 8

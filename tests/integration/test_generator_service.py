@@ -12,15 +12,15 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import psutil
 import pytest
 import torch
 
 from coordinator.embedded.tiny_model import TinyModelSpec, build_char_tokenizer, build_config
 from generator_svc.client import GeneratorClient
-from generator_svc.types import SamplingConfig
-from tandem.rpc import check_health
+from tandem.generation.types import SamplingConfig
+from tandem.rpc import RpcFailure, Status, check_health
+from tandem.weight_source import CollectiveSource
 from tandem.weight_sync import GroupSpec, WeightSender, iter_plan_tensors, plan_for_state_dict
 from tests import procs
 
@@ -110,7 +110,7 @@ def push(client, sender, state, epoch: int, version: int) -> int:
     thread = threading.Thread(target=send)
     thread.start()
     try:
-        return client.receive_weights(group, 1, version, plan, timeout_s=120)
+        return client.load_weights(CollectiveSource(group, 1, plan), version, timeout_s=120)
     finally:
         thread.join(60)
         assert not errors, errors
@@ -203,17 +203,17 @@ def test_failed_updates_keep_or_withdraw_the_served_version(env):
     plan = plan_for_state_dict(state)
     # the trainer never sends: the transfer times out and version 1 keeps serving
     silent = GroupSpec(sender.address, epoch=2, epoch_secret=uuid.uuid4().hex, world_size=2, op_timeout_s=2.0)
-    with pytest.raises(grpc.RpcError) as err:
-        client.receive_weights(silent, 1, 2, plan, timeout_s=60)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(RpcFailure) as err:
+        client.load_weights(CollectiveSource(silent, 1, plan), 2, timeout_s=60)
+    assert err.value.status is Status.UNAVAILABLE
     assert client.info().weight_version == 1 and check_health(address, SERVICE)
     # every byte arrives but the model refuses a tensor half-way: weights of no known version
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(RpcFailure):
         push(client, sender, {**state, "model.layers.0.bogus.weight": torch.zeros(3)}, epoch=3, version=2)
     assert not check_health(address, SERVICE)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         list(client.generate([[1, 5]], SamplingConfig(n=1, temperature=0.0, max_tokens=2), timeout_s=30))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.status is Status.FAILED_PRECONDITION
     # the next complete push brings it back
     assert push(client, sender, state, epoch=4, version=2) == 2
     assert check_health(address, SERVICE)
@@ -224,20 +224,20 @@ def test_requests_the_engine_cannot_run_are_invalid_arguments(env):
     client, sampling = env["client"], SamplingConfig(n=1, temperature=1.0, max_tokens=8)
     for bad_prompts, word in (([[1] * MAX_MODEL_LEN], "max_model_len"), ([[1, 5, 100000]], "prompt 0"),
                               ([[]], "empty")):
-        with pytest.raises(grpc.RpcError) as err:
+        with pytest.raises(RpcFailure) as err:
             list(client.generate(bad_prompts, sampling, timeout_s=30))
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and word in err.value.details()
+        assert err.value.status is Status.INVALID_ARGUMENT and word in err.value.details
     assert client.info().num_running == 0
 
 
 def test_calls_without_the_token_are_refused(env):
     anonymous = GeneratorClient(env["service"].address, None)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         anonymous.info()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    with pytest.raises(grpc.RpcError) as err:
+    assert err.value.status is Status.UNAUTHENTICATED
+    with pytest.raises(RpcFailure) as err:
         list(anonymous.generate([[1, 5]], SamplingConfig(n=1, temperature=0.0, max_tokens=2), timeout_s=30))
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert err.value.status is Status.UNAUTHENTICATED
     anonymous.close()
 
 

@@ -8,22 +8,23 @@ trainer's. A smaller test opens tandem.cuda_ipc handles in another process."""
 import math
 import multiprocessing
 
-import grpc
 import pytest
 import structlog
 import torch
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from generator_svc.types import SamplingConfig
+from coordinator.loop.context import LoopContext
 from tandem.colocation import WeightTransport
 from tandem.cuda_ipc import device_uuid, export_handle, import_handle, pack_buckets, unpack_bucket
+from tandem.generation.types import SamplingConfig
+from tandem.rpc import RpcFailure, Status
 from tandem.weight_sync import plan_for_state_dict
 from tests import procs
 from trainer_svc.types import Sample
@@ -68,9 +69,9 @@ def test_sleep_frees_device_memory_and_refuses_work_until_woken(loop):
     assert generator.client.info().sleeping == ("weights", "kv_cache")
     assert asleep - awake > GIB, f"sleep freed {(asleep - awake) / GIB:.2f} GiB"
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=4, seed=0)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         next(iter(generator.client.generate([loop.tokens.prompt("1+1=")], greedy, timeout_s=60)))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.status is Status.FAILED_PRECONDITION
     report = loop.publish()  # wake weights, CUDA IPC, wake KV cache
     assert report.epoch == -1 and report.bytes_sent > 0
     assert generator.client.info().sleeping == () and _free_bytes() < asleep - GIB
@@ -94,7 +95,7 @@ def test_after_a_publish_the_generator_logprobs_match_the_trainers(loop):
     loop.publish()
     prompt = loop.tokens.prompt("37+45=")
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=6, seed=0)
-    for handle in loop.services.generators():
+    for handle in loop.generators():
         assert handle.client.info().weight_version == loop.publisher.version
         completion = next(iter(handle.client.generate([prompt], greedy, request_id="check", timeout_s=60)))
         assert completion.weight_version == loop.publisher.version

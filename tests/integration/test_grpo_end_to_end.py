@@ -5,20 +5,21 @@ code as `tandem run` (LocalCluster). Every test runs in both generation modes: d
 
 import math
 
-import grpc
 import pytest
 import structlog
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.loop.context import LoopContext
 from generator_svc.client import GeneratorClient
-from generator_svc.types import SamplingConfig
+from tandem.generation.types import SamplingConfig
+from tandem.rpc import RpcFailure, Status
 from tests import procs
 from trainer_svc.client import TrainerClient
 from trainer_svc.types import Sample
@@ -74,7 +75,7 @@ def test_weight_push_reaches_every_generator_exactly(loop):
     assert report.bytes_sent > 0
     prompt = ctx.tokens.prompt("37+45=")
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=6, seed=0)
-    for handle in ctx.services.generators():
+    for handle in ctx.generators():
         assert handle.client.info().weight_version == ctx.publisher.version
         completion = next(iter(handle.client.generate([prompt], greedy, request_id="check", timeout_s=60)))
         assert completion.weight_version == ctx.publisher.version
@@ -90,6 +91,6 @@ def test_calls_without_the_token_are_refused(loop):
         client = {"trainer": TrainerClient, "generator": GeneratorClient}.get(member.kind)
         if client is None:
             continue
-        with pytest.raises(grpc.RpcError) as err:
+        with pytest.raises(RpcFailure) as err:
             client(member.address, None).info()
-        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert err.value.status is Status.UNAUTHENTICATED

@@ -10,19 +10,20 @@ they are published."""
 import math
 from pathlib import Path
 
-import grpc
 import pytest
 import structlog
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from generator_svc.types import SamplingConfig
+from coordinator.loop.context import LoopContext
+from tandem.generation.types import SamplingConfig
+from tandem.rpc import RpcFailure, Status
 from tests import procs
 from trainer_svc.types import Sample
 
@@ -75,7 +76,7 @@ def test_grpo_steps_run_on_policy_with_every_sample(ctx):
 def _sample(ctx, seed: int):
     prompts = [ctx.tokens.prompt("37+45="), ctx.tokens.prompt("8+9=")]
     sampling = SamplingConfig(n=4, temperature=1.0, top_p=0.95, max_tokens=4, seed=seed)
-    client = ctx.services.generators()[0].client
+    client = ctx.generators()[0].client
     completions = sorted(client.generate(prompts, sampling, request_id="check", timeout_s=120),
                          key=lambda c: (c.prompt_index, c.sample_index))
     return prompts, completions
@@ -94,14 +95,14 @@ def test_sampled_logprobs_equal_the_trainers_and_seeds_reproduce(ctx):
 def test_the_generation_version_follows_the_publishes(ctx):
     before = ctx.publisher.version
     sft_steps(ctx, 1)  # the weights move past the published version: generating on them is refused
-    with pytest.raises(grpc.RpcError) as refused:
+    with pytest.raises(RpcFailure) as refused:
         _sample(ctx, seed=1)
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.status is Status.FAILED_PRECONDITION
     report = ctx.publish()
     assert report.version == before + 1 and report.bytes_sent == 0
     _, completions = _sample(ctx, seed=1)
     assert {c.weight_version for c in completions} == {before + 1}
-    assert ctx.services.generators()[0].client.info().weight_version == before + 1
+    assert ctx.generators()[0].client.info().weight_version == before + 1
 
 
 def test_a_grpo_run_completes_with_the_megatron_recipe(tmp_path, monkeypatch):

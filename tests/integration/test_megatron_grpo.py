@@ -9,15 +9,16 @@ import os
 import pytest
 import structlog
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from generator_svc.types import SamplingConfig
+from coordinator.loop.context import LoopContext
+from tandem.generation.types import SamplingConfig
 from tests import procs
 from trainer_svc.types import Sample
 
@@ -80,7 +81,7 @@ def test_published_weights_score_like_the_trainer(loop):
     ctx.publish()
     prompt = ctx.tokens.prompt("37+45=")
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=4, seed=0)
-    handle = ctx.services.generators()[0]
+    handle = ctx.generators()[0]
     completion = next(iter(handle.client.generate([prompt], greedy, request_id="check", timeout_s=120)))
     assert completion.weight_version == ctx.publisher.version
     trainer = ctx.services.trainer.logprobs(

@@ -15,16 +15,17 @@ import time
 import pytest
 import structlog
 
-from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data import Example, PromptCursor, Tokens, read_jsonl
+from coordinator.data.examples import Example, PromptCursor, read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import make_arithmetic_splits, write_jsonl
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.multiturn import collect_episodes
-from generator_svc.types import SamplingConfig
+from coordinator.loop.context import LoopContext
+from coordinator.loop.multiturn import collect_episodes
+from tandem.generation.types import SamplingConfig
 from tests import procs
 
 pytestmark = pytest.mark.integration

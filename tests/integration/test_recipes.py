@@ -141,7 +141,7 @@ def test_recipe_mistakes_are_one_clear_error_from_the_cli(tmp_path):
     env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
     for args, expected in [(["rm.yaml", "policy.reward_model_cfg.enabled=false"], "policy.reward_model_cfg.enabled"),
                            (["dpo.yaml", "logger.run_name=x", "--resume"], "--resume is not supported for dpo")]:
-        proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "run", str(RECIPES / args[0]), *args[1:],
+        proc = subprocess.run([sys.executable, "-m", "coordinator.cli.main", "run", str(RECIPES / args[0]), *args[1:],
                                "logger.log_dir=runs"], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=300)
         out = proc.stdout + proc.stderr

@@ -33,7 +33,7 @@ ARGS = ["run", "sft.max_num_steps=0", f"grpo.max_num_steps={STEPS}", "grpo.val_p
 def _tandem(*args: str, cwd: Path, home: Path) -> subprocess.Popen:
     env = {**os.environ, "TANDEM_HOME": str(home), "OMP_NUM_THREADS": "1"}
     env.pop("TANDEM_TOKEN", None)
-    return subprocess.Popen([sys.executable, "-m", "coordinator.cli", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -90,7 +90,7 @@ def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_res
     second = None
     try:
         _wait(first, lambda: len(_grpo_steps(run_dir)) >= 2, "GRPO step 2")
-        status = subprocess.run([sys.executable, "-m", "coordinator.cli", "status", "--run-dir", str(run_dir)],
+        status = subprocess.run([sys.executable, "-m", "coordinator.cli.main", "status", "--run-dir", str(run_dir)],
                                 capture_output=True, text=True, timeout=60,
                                 env={**{k: v for k, v in os.environ.items() if k != "TANDEM_TOKEN"}, "COLUMNS": "200"})
         assert status.returncode == 0, status.stdout + status.stderr

@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 
 from coordinator.config import load_config
-from coordinator.resume import NothingToResume
-from coordinator.run import Run
+from coordinator.run.grpo_run import Run
+from coordinator.run.resume import NothingToResume
 
 pytestmark = pytest.mark.integration
 

@@ -2,12 +2,11 @@
 
 import json
 
-import grpc
 import pytest
 
 from reward_svc.client import RewardClient
 from reward_svc.types import ScoreItem
-from tandem.rpc import check_health
+from tandem.rpc import RpcFailure, Status, check_health
 from tests import procs
 
 pytestmark = pytest.mark.integration
@@ -39,18 +38,18 @@ def test_health_is_serving_without_token(reward):
 
 def test_call_without_token_is_refused(reward):
     client = RewardClient(reward.address, None)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         client.info()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert err.value.status is Status.UNAUTHENTICATED
     wrong = RewardClient(reward.address, "wrong-token")
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         wrong.info()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert err.value.status is Status.UNAUTHENTICATED
 
 
 def test_unknown_task_is_a_clear_invalid_argument(reward):
     client = RewardClient(reward.address, procs.TOKEN)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         client.score([ScoreItem("chess", "", "", "")])
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "chess" in err.value.details() and "arithmetic" in err.value.details()
+    assert err.value.status is Status.INVALID_ARGUMENT
+    assert "chess" in err.value.details and "arithmetic" in err.value.details

@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tandem.rpc import RpcFailure, Status
 from tandem.weight_sync import GroupSpec
 from tests import procs
 from trainer_svc.client import TrainerClient
@@ -209,12 +209,12 @@ def test_two_ranks_dpo_matches_one_process_computation(trainer, tmp_path):
     for name in ("loss", "preference_loss", "sft_loss", "accuracy", "reward_margin"):
         assert result.metrics[name] == pytest.approx(expected.metrics[name].item(), rel=1e-4, abs=1e-6), name
     assert result.metrics["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
-    with pytest.raises(grpc.RpcError) as err:  # a causal LM does not train with the reward-model loss
+    with pytest.raises(RpcFailure) as err:  # a causal LM does not train with the reward-model loss
         trainer.client.train_step(batch, BradleyTerryLossConfig(), global_batch_size=8, micro_batch_size=2)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Bradley-Terry" in err.value.details()
-    with pytest.raises(grpc.RpcError) as err:  # a rank would split a pair
+    assert err.value.status is Status.INVALID_ARGUMENT and "Bradley-Terry" in err.value.details
+    with pytest.raises(RpcFailure) as err:  # a rank would split a pair
         trainer.client.train_step(batch[:6], config, global_batch_size=6, micro_batch_size=2)
-    assert "whole pairs" in err.value.details()
+    assert "whole pairs" in err.value.details
 
 
 RECEIVER = """
@@ -258,9 +258,9 @@ def test_publish_weights_equal_the_exported_checkpoint(trainer, tmp_path):
 def test_publish_to_an_absent_receiver_times_out_and_the_trainer_goes_on(trainer):
     info = trainer.client.info()
     group = GroupSpec(info.weight_sync_store_address, epoch=99, epoch_secret="nobody", world_size=2, op_timeout_s=2)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         trainer.client.publish_weights(group, version=4)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.value.status is Status.UNAVAILABLE
     assert len(trainer.client.logprobs(_samples(8), "current", micro_batch_size=2)) == 5  # ranks still in step
 
 
@@ -276,18 +276,18 @@ def test_checkpoint_round_trip(trainer, tmp_path):
     again = trainer.client.train_step(batch, GrpoLossConfig(), global_batch_size=4, micro_batch_size=2)
     assert again.global_step == first.global_step == step + 2
     assert again.metrics == pytest.approx(first.metrics, rel=1e-6, abs=1e-7)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         trainer.client.load_checkpoint(str(tmp_path / "missing"))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.status is Status.INVALID_ARGUMENT
 
 
 def test_bad_batch_and_missing_token_are_refused(trainer):
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         trainer.client.train_step(_samples(7)[:3], NllLossConfig(), global_batch_size=2, micro_batch_size=1)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.status is Status.INVALID_ARGUMENT
     anonymous = TrainerClient(trainer.service.address, None)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(RpcFailure) as err:
         anonymous.info()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert err.value.status is Status.UNAUTHENTICATED
     anonymous.close()
     assert trainer.client.info().world_size == WORLD_SIZE  # still serving after refusals

@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 import structlog
+import torch
 
 from trainer_svc.backends import build_backend
 from trainer_svc.config import TrainerSettings

@@ -1,7 +1,7 @@
 """Tandem across hosts, on one machine: each "host" is a network namespace the test makes
 (its own interface and private address, a veth into a bridge that lives in a namespace of its
 own, its own hostname and /etc/hosts), and the services are started there the way they would
-be on separate machines (coordinator/container.py, joining the coordinator by address):
+be on separate machines (coordinator/cli/container.py, joining the coordinator by address):
 
     10.77.0.1  coordinator (launch: external) and the reward service
     10.77.0.2  trainer node A  } one torchrun job over a c10d rendezvous at 10.77.0.2:29400,
@@ -81,7 +81,7 @@ class Fleet:
     def start(self, name: str, host: str, *args: str) -> subprocess.Popen:
         # a hostname and /etc/hosts of its own, so gloo and torchrun find this host's address
         inner = (f"hostname {host} && mount --bind {self.hosts_file} /etc/hosts && "
-                 f"exec {sys.executable} -m coordinator.container {' '.join(args)}")
+                 f"exec {sys.executable} -m coordinator.cli.container {' '.join(args)}")
         argv = ["ip", "netns", "exec", f"{self.prefix}-{host}", "unshare", "--uts", "--mount", "--propagation",
                 "private", "sh", "-c", inner]
         with open(self.log_dir / f"{name}.log", "wb") as out:

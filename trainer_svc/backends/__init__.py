@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # trainer_svc.config imports the Megatron settings from this package
-    from trainer_svc.config import TrainerSettings
+from trainer_svc.config import TrainerSettings, TrainingBackend
+
+if TYPE_CHECKING:
     from trainer_svc.distributed import DistEnv
     from trainer_svc.interfaces import TrainerBackend
 
 
 def build_backend(settings: TrainerSettings, env: DistEnv) -> TrainerBackend:
-    """The backend the settings choose (Megatron when megatron_cfg.enabled, else DTensor)."""
-    if settings.backend == "megatron":
+    """The backend the settings resolved at load (trainer_svc.config.resolve_backend)."""
+    if settings.backend is TrainingBackend.MEGATRON:
         from trainer_svc.backends.megatron.backend import MegatronBackend
 
         return MegatronBackend(settings, env)

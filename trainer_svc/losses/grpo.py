@@ -38,6 +38,38 @@ from trainer_svc.losses.common import LossOutput, global_denominator
 from trainer_svc.types import GrpoLossConfig
 
 
+class _Reduction:
+    """Sums over the masked-in tokens of a micro-batch, divided by counts of the whole step."""
+
+    def __init__(self, mask: torch.Tensor, num_global_tokens: float, num_global_sequences: float | None,
+                 token_level: bool):
+        if not token_level and num_global_sequences is None:
+            raise ValueError("token_level_loss: false needs num_global_sequences")
+        self.mask, self.token_level = mask, token_level
+        self.tokens = global_denominator(num_global_tokens)
+        self.sequences = None if num_global_sequences is None else global_denominator(num_global_sequences)
+        self.seq_tokens = mask.sum(dim=-1)  # n_i
+
+    def masked(self, x: torch.Tensor) -> torch.Tensor:
+        # Masked positions (padding, tool observations) may hold any value, even inf (exp of a
+        # very unlikely token's logprob gap): select instead of multiplying, so inf * 0 never
+        # turns into NaN.
+        return torch.where(self.mask > 0, x * self.mask, torch.zeros((), dtype=x.dtype))
+
+    def token_mean(self, x: torch.Tensor) -> torch.Tensor:
+        return self.masked(x).sum() / self.tokens
+
+    def seq_token_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T-1] -> [B]: the mean over each row's masked-in tokens."""
+        return self.masked(x).sum(dim=-1) / self.seq_tokens.clamp(min=1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The loss's reduction: token-level, or sequence-level (per-sequence mean, then over sequences)."""
+        if self.token_level:
+            return self.token_mean(x)
+        return self.seq_token_mean(x).sum() / self.sequences
+
+
 def grpo_loss(
     curr_logprobs: torch.Tensor,
     *,
@@ -51,28 +83,7 @@ def grpo_loss(
     num_global_sequences: float | None = None,
 ) -> LossOutput:
     """The clipped PG loss of one micro-batch, normalised by the step's global counts."""
-    if not config.token_level_loss and num_global_sequences is None:
-        raise ValueError("token_level_loss: false needs num_global_sequences")
-    tokens = global_denominator(num_global_tokens)
-    seq_tokens = mask.sum(dim=-1)  # n_i
-
-    # Masked positions (padding, tool observations) may hold any value, even inf (exp of a
-    # very unlikely token's logprob gap): select instead of multiplying, so inf * 0 never
-    # turns into NaN.
-    def masked(x: torch.Tensor) -> torch.Tensor:
-        return torch.where(mask > 0, x * mask, torch.zeros((), dtype=x.dtype))
-
-    def token_mean(x: torch.Tensor) -> torch.Tensor:
-        return masked(x).sum() / tokens
-
-    def seq_token_mean(x: torch.Tensor) -> torch.Tensor:  # [B, T-1] -> [B]: mean over each row's tokens
-        return masked(x).sum(dim=-1) / seq_tokens.clamp(min=1)
-
-    def reduce(x: torch.Tensor) -> torch.Tensor:
-        if config.token_level_loss:
-            return token_mean(x)
-        return seq_token_mean(x).sum() / global_denominator(num_global_sequences)
-
+    reduce = _Reduction(mask, num_global_tokens, num_global_sequences, config.token_level_loss)
     prev, gen = prev_logprobs.detach(), generation_logprobs.detach()
     ratio, clamped = _ratios(curr_logprobs, prev, mask, config)
     unclipped_term, clipped_term = -advantages * ratio, -advantages * clamped
@@ -82,39 +93,41 @@ def grpo_loss(
         dual = -advantages * config.ratio_clip_c
         dual_active = (advantages < 0) & (dual < pg)
         pg = torch.where(dual_active, dual, pg)
-        metrics["dual_clip_fraction"] = token_mean(dual_active.to(mask.dtype))
+        metrics["dual_clip_fraction"] = reduce.token_mean(dual_active.to(mask.dtype))
 
-    weights, oob = _importance_weights(prev, gen, mask, config, seq_token_mean)
+    weights, oob = _importance_weights(prev, gen, mask, config, reduce.seq_token_mean)
     if oob is not None:
-        metrics["is_oob_ratio"] = (token_mean(oob) if config.truncated_importance_sampling_type == "icepop"
-                                   else (oob[:, 0] * (seq_tokens > 0)).sum() / global_denominator(num_global_sequences))
+        metrics["is_oob_ratio"] = (reduce.token_mean(oob) if config.truncated_importance_sampling_type == "icepop"
+                                   else (oob[:, 0] * (reduce.seq_tokens > 0)).sum() / reduce.sequences)
     if config.use_importance_sampling_correction:
         pg = pg * weights
-
-    if config.reference_policy_kl_penalty > 0:
-        if reference_logprobs is None:
-            raise ValueError("reference_policy_kl_penalty > 0 needs reference logprobs")
-        kl = kl_estimate(curr_logprobs, reference_logprobs.detach(), config.reference_policy_kl_type,
-                         input_clamp=config.kl_input_clamp_value, output_clamp=config.kl_output_clamp_value)
-        if config.use_on_policy_kl_approximation:
-            kl = kl * torch.nan_to_num(torch.exp(curr_logprobs.detach() - gen), nan=0.0, posinf=0.0, neginf=0.0)
-        token_loss = pg + config.reference_policy_kl_penalty * kl
-    else:
-        kl = torch.zeros_like(curr_logprobs)
-        token_loss = pg
-    loss = reduce(token_loss)
+    kl = _kl(curr_logprobs, gen, reference_logprobs, config)
+    loss = reduce(pg + config.reference_policy_kl_penalty * kl)
 
     with torch.no_grad():
         metrics.update({
             "loss": loss.detach(),
             "pg_loss": reduce(pg.detach()),
             "kl": reduce(kl.detach()),
-            "clip_fraction": token_mean((clipped_term > unclipped_term).to(mask.dtype)),
-            "ratio_mean": token_mean(ratio.detach()),
-            "importance_weight_mean": token_mean(weights.expand_as(mask)),
-            "token_mult_prob_error": token_mean(torch.exp((prev - gen).abs())),
+            "clip_fraction": reduce.token_mean((clipped_term > unclipped_term).to(mask.dtype)),
+            "ratio_mean": reduce.token_mean(ratio.detach()),
+            "importance_weight_mean": reduce.token_mean(weights.expand_as(mask)),
+            "token_mult_prob_error": reduce.token_mean(torch.exp((prev - gen).abs())),
         })
     return LossOutput(loss, metrics)
+
+
+def _kl(curr: torch.Tensor, gen: torch.Tensor, reference: torch.Tensor | None, config: GrpoLossConfig) -> torch.Tensor:
+    """The per-token KL estimate to the reference ([B, T-1]); zeros when the penalty is 0."""
+    if not config.reference_policy_kl_penalty > 0:
+        return torch.zeros_like(curr)
+    if reference is None:
+        raise ValueError("reference_policy_kl_penalty > 0 needs reference logprobs")
+    kl = kl_estimate(curr, reference.detach(), config.reference_policy_kl_type,
+                     input_clamp=config.kl_input_clamp_value, output_clamp=config.kl_output_clamp_value)
+    if config.use_on_policy_kl_approximation:
+        kl = kl * torch.nan_to_num(torch.exp(curr.detach() - gen), nan=0.0, posinf=0.0, neginf=0.0)
+    return kl
 
 
 def _ratios(curr: torch.Tensor, prev: torch.Tensor, mask: torch.Tensor,

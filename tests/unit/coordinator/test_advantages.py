@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from coordinator.advantages import compute_advantages
+from coordinator.loop.advantages import compute_advantages
 
 
 def test_leave_one_out_baseline_by_hand():

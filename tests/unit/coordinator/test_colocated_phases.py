@@ -7,20 +7,20 @@ nothing sleeps. Also the config checks of the generators' GPU memory share."""
 from pathlib import Path
 from types import SimpleNamespace
 
-import grpc
 import pytest
 import structlog
 import torch
 
 from coordinator.algorithms import grpo as grpo_module
-from coordinator.algorithms.context import LoopContext
-from coordinator.algorithms.groups import RolloutGroups
+from coordinator.cluster.services import GeneratorHandle
+from coordinator.cluster.specs import generator_settings
 from coordinator.config import ConfigError, load_config
-from coordinator.data import Example
-from coordinator.launch import generator_settings
-from coordinator.multiturn import Episode
-from coordinator.rollout import GeneratorHandle
-from generator_svc.types import GeneratorInfo
+from coordinator.data.examples import Example
+from coordinator.loop.context import LoopContext
+from coordinator.loop.multiturn import Episode
+from tandem.generation.types import GeneratorInfo
+from tandem.rpc import RpcFailure, Status
+from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource
 from tandem.weight_sync import make_bucket_plan
 from trainer_svc.types import CudaIpcExport, PublishResult, StepResult
 
@@ -59,12 +59,8 @@ class FakeTrainer:
         return PublishResult(16, 1)
 
 
-class Dead(grpc.RpcError):
-    def code(self):
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self):
-        return "gone"
+def Dead() -> RpcFailure:
+    return RpcFailure(Status.UNAVAILABLE, "gone")
 
 
 class FakeGenerator:
@@ -94,34 +90,22 @@ class FakeGenerator:
         self.asleep -= set(memory)
         return tuple(sorted(self.asleep))
 
-    def load_cuda_ipc_weights(self, buckets, plan, version, timeout_s=0):
-        assert "weights" not in self.asleep and buckets == (b"handle",) and plan == PLAN
-        self.events.append((self.name, "load_ipc", version))
-        self.version = version
-        return version
-
-    def load_shared_weights(self, directory, version, timeout_s=0):
-        self.events.append((self.name, "load_shared", version))
-        self.version = version
-        return version
-
-    def receive_weights(self, group, rank, version, plan, timeout_s=0):
-        self.events.append((self.name, "receive", version))
+    def load_weights(self, source, version, timeout_s=0):
+        kinds = {CudaIpcSource: "load_ipc", SharedMemorySource: "load_shared", CollectiveSource: "receive"}
+        if isinstance(source, CudaIpcSource):
+            assert "weights" not in self.asleep and source.buckets == (b"handle",) and source.plan == PLAN
+        self.events.append((self.name, kinds[type(source)], version))
         self.version = version
         return version
 
 
 class FakeServices:
     def __init__(self, trainer, generators):
-        self.trainer, self.weights, self.failed = trainer, None, []
+        self.trainer, self.failed = trainer, []
         self._handles = [GeneratorHandle(g.name, g, 8) for g in generators]
 
     def all_generators(self):
         return [h for h in self._handles if h.member_id not in self.failed]
-
-    def generators(self):
-        handles = self.all_generators()
-        return handles if self.weights is None else self.weights.admit(handles)
 
     def generator_failed(self, handle, exc):
         self.failed.append(handle.member_id)
@@ -129,7 +113,7 @@ class FakeServices:
 
 def _fake_collect(ctx, batch, prompts, sampling):
     """Generation through every admitted generator, then fixed episodes (rewards with variance)."""
-    for handle in ctx.services.generators():
+    for handle in ctx.generators():
         list(handle.client.generate(prompts, sampling))
     return [[Episode("t", [3, 4], [-1.0, -1.0], None, float(g), g > 0, "stop", 1) for g in range(2)]
             for _ in prompts]

@@ -61,7 +61,7 @@ def test_override_syntax():
 
 
 def test_backend_is_resolved_once_into_a_typed_choice():
-    from coordinator.config import TrainingBackend
+    from trainer_svc.config import TrainingBackend
 
     assert load_config().policy.backend is TrainingBackend.DTENSOR
 
@@ -72,7 +72,7 @@ def test_no_backend_enabled_names_both_keys():
 
 
 def test_megatron_wins_with_a_warning_when_both_are_enabled():
-    from coordinator.config import TrainingBackend
+    from trainer_svc.config import TrainingBackend
 
     with pytest.warns(UserWarning, match="Megatron takes precedence"):
         cfg = load_config(overrides=["policy.megatron_cfg.enabled=true"])
@@ -80,7 +80,7 @@ def test_megatron_wins_with_a_warning_when_both_are_enabled():
 
 
 def test_megatron_alone_needs_no_warning(recwarn):
-    from coordinator.config import TrainingBackend
+    from trainer_svc.config import TrainingBackend
 
     cfg = load_config(overrides=["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"])
     assert cfg.policy.backend is TrainingBackend.MEGATRON

@@ -1,4 +1,4 @@
-"""coordinator.container: what each role runs and the settings it writes, from the same
+"""coordinator.cli.container: what each role runs and the settings it writes, from the same
 experiment config; tandem.probe against a real gRPC health server."""
 
 import asyncio
@@ -8,7 +8,7 @@ import threading
 import pytest
 import structlog
 
-from coordinator import container
+from coordinator.cli import container
 from coordinator.config import load_config
 from tandem import probe
 from tandem.rpc import start_server

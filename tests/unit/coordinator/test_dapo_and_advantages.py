@@ -7,19 +7,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coordinator.advantages import (
+from coordinator.algorithms import grpo as grpo_module
+from coordinator.algorithms.dapo import DynamicSamplingExhausted, dynamic_sampling, overlong_penalties
+from coordinator.algorithms.grpo_samples import prepare_samples
+from coordinator.config import ConfigError, load_config
+from coordinator.data.examples import Example
+from coordinator.loop.advantages import (
     build_advantage_fn,
     clip_advantages,
     kl_penalized_rewards,
     reinforce_plus_plus_advantages,
 )
-from coordinator.algorithms import grpo as grpo_module
-from coordinator.algorithms.dapo import DynamicSamplingExhausted, dynamic_sampling, overlong_penalties
-from coordinator.algorithms.groups import RolloutGroups
-from coordinator.algorithms.grpo_batch import prepare_samples
-from coordinator.config import ConfigError, load_config
-from coordinator.data import Example
-from coordinator.multiturn import Episode
+from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.multiturn import Episode
 from trainer_svc.types import StepResult
 
 

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from coordinator.config import DataConfig
-from coordinator.data import Example, PromptCursor, read_jsonl
-from coordinator.rollout import split_by_capacity
-from coordinator.scoring import RewardRouter
+from coordinator.config.data import DataConfig
+from coordinator.data.examples import Example, PromptCursor, read_jsonl
+from coordinator.loop.rollout import split_by_capacity
+from coordinator.loop.scoring import RewardRouter
 from reward_svc.types import ScoreItem, ScoreResult
 
 

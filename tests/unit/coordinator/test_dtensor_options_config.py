@@ -2,8 +2,8 @@
 
 import pytest
 
+from coordinator.cluster.specs import trainer_settings
 from coordinator.config import ConfigError, load_config
-from coordinator.launch import trainer_settings
 
 
 def test_sequence_packing_keys_reach_the_trainer():
@@ -37,7 +37,7 @@ def test_unsupported_layouts_are_refused_at_load(overrides, message):
 def test_trainer_refuses_context_parallel_with_a_reason():
     from trainer_svc.config import DTensorSettings
 
-    with pytest.raises(ValueError, match="context_parallel_size > 1 is not supported"):
+    with pytest.raises(ValueError, match="not supported: context parallelism needs ring attention"):
         DTensorSettings(context_parallel_size=2)
 
 

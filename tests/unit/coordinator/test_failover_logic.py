@@ -4,27 +4,22 @@ import threading
 import time
 from dataclasses import dataclass
 
-import grpc
 import pytest
 import structlog
 
-from coordinator.rollout import GeneratorHandle, contiguous_runs, generate
-from coordinator.weights import PublishError, WeightPublisher
-from generator_svc.types import Completion, SamplingConfig
+from coordinator.cluster.services import GeneratorHandle
+from coordinator.loop.rollout import contiguous_runs, generate
+from coordinator.loop.weights.publisher import PublishError, WeightPublisher
+from coordinator.loop.weights.transports import CollectiveTransport
+from tandem.generation.types import Completion, SamplingConfig
+from tandem.rpc import RpcFailure, Status
 from tandem.weight_sync import BucketPlan
 
 LOG = structlog.get_logger()
 
 
-class FakeRpcError(grpc.RpcError):
-    def __init__(self, code=grpc.StatusCode.UNAVAILABLE, details="peer gone"):
-        self._code, self._details = code, details
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
+def FakeRpcError(status=Status.UNAVAILABLE, details="peer gone") -> RpcFailure:
+    return RpcFailure(status, details)
 
 
 class FakeGenerator:
@@ -46,7 +41,7 @@ class FakeGenerator:
                     raise FakeRpcError()
                 if self.hang:
                     self.closed.wait(10)
-                    raise FakeRpcError(grpc.StatusCode.CANCELLED)
+                    raise FakeRpcError(Status.CANCELLED)
                 yield Completion(i, j, (sampling.sample_seed(i, j),), (0.0,), "stop", self.version)
                 sent += 1
 
@@ -58,7 +53,7 @@ class FakeGenerator:
             raise FakeRpcError()
         return self
 
-    def receive_weights(self, group, rank, version, plan, timeout_s=0):
+    def load_weights(self, source, version, timeout_s=0):
         if self.fail_receive:
             raise FakeRpcError(details="broadcast failed")
         self.version = version
@@ -114,10 +109,10 @@ def test_a_generator_that_hangs_is_dropped_once_it_leaves_membership():
 def test_a_malformed_request_is_not_resent():
     class Refusing(FakeGenerator):
         def generate(self, *a, **k):
-            raise FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "prompt too long")
+            raise FakeRpcError(Status.INVALID_ARGUMENT, "prompt too long")
             yield
 
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(RpcFailure, match="INVALID_ARGUMENT"):
         generate([[1]], SamplingConfig(n=1, temperature=1.0, max_tokens=1, seed=0), lambda: _handles(Refusing()), lambda *a: None, LOG)
 
 
@@ -143,32 +138,37 @@ class FakeTrainer:
 PLAN = BucketPlan((), (10,))
 
 
+def _publisher(trainer, **kwargs) -> WeightPublisher:
+    return WeightPublisher(trainer, CollectiveTransport(trainer, "127.0.0.1:1", PLAN, LOG, op_timeout_s=1.0), LOG,
+                           **kwargs)
+
+
 def test_a_publish_that_fails_part_way_is_retried_on_a_new_epoch_without_the_dead():
     alive, dying = FakeGenerator(), FakeGenerator()
     handles = _handles(alive, dying)
     trainer = FakeTrainer(fail_times=1)
     dropped = []
-    publisher = WeightPublisher(trainer, "127.0.0.1:1", PLAN, LOG, on_dead=lambda h, e: dropped.append(h.member_id))
-    original = dying.receive_weights
+    publisher = _publisher(trainer, on_dead=lambda h, e: dropped.append(h.member_id))
+    original = dying.load_weights
 
     def die(*args, **kwargs):  # dies during the broadcast: the receive fails, then GetInfo too
         dying.dead = True
         raise FakeRpcError(details="connection reset")
 
-    dying.receive_weights = die
+    dying.load_weights = die
     report = publisher.publish(handles)
     assert report.attempts == 2 and report.num_generators == 1 and report.version == 1
     assert [g.epoch for g in trainer.groups] == [0, 1] and [g.world_size for g in trainer.groups] == [3, 2]
     assert dropped == ["g1"] and alive.version == 1
     assert [h.member_id for h in publisher.admit(handles)] == ["g0"]
-    dying.receive_weights = original
+    dying.load_weights = original
     assert publisher.publish(handles[:1]).epoch == 1  # same members: the epoch stays
 
 
 def test_a_publish_with_nobody_left_is_a_clear_error():
     gen = FakeGenerator()
     gen.dead = True
-    publisher = WeightPublisher(FakeTrainer(), "127.0.0.1:1", PLAN, LOG)
+    publisher = _publisher(FakeTrainer())
     with pytest.raises(PublishError, match="no live generator"):
         publisher.publish(_handles(gen))
     flaky = FakeGenerator()
@@ -180,7 +180,7 @@ def test_a_publish_with_nobody_left_is_a_clear_error():
 def test_a_late_joiner_is_caught_up_before_it_gets_work_and_only_while_safe():
     old, new = FakeGenerator(), FakeGenerator()
     trainer = FakeTrainer()
-    publisher = WeightPublisher(trainer, "127.0.0.1:1", PLAN, LOG)
+    publisher = _publisher(trainer)
     publisher.publish(_handles(old))
     assert publisher.version == 1 and new.version == 0
     handles = _handles(old, new)

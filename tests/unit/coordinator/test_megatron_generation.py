@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import structlog
 
+from coordinator.cluster.registry import Member, Registry
+from coordinator.cluster.services import GeneratorHandle
+from coordinator.cluster.specs import all_registered, launch_all, trainer_settings
 from coordinator.config import ConfigError, load_config
-from coordinator.launch import all_registered, launch_all, trainer_settings
-from coordinator.registry import Member, Registry
-from coordinator.rollout import GeneratorHandle
-from coordinator.weights import WeightPublisher
+from coordinator.loop.weights.publisher import WeightPublisher
+from coordinator.loop.weights.transports import CollectiveTransport
 from tandem.weight_sync import BucketPlan
 
 LOG = structlog.get_logger()
@@ -91,19 +92,20 @@ class _Generator:
     def info(self, timeout_s=0):
         return self
 
-    def receive_weights(self, group, rank, version, plan, timeout_s=0):
-        self.received.append((group.world_size, rank, version))
+    def load_weights(self, source, version, timeout_s=0):
+        self.received.append((source.group.world_size, source.rank, version))
         return version
 
 
 def test_a_generator_sharing_the_trainers_weights_receives_nothing():
     trainer, shared, vllm = _Trainer(), _Generator(), _Generator()
-    publisher = WeightPublisher(trainer, "127.0.0.1:1", BucketPlan((), ()), LOG)
+    publisher = WeightPublisher(trainer, CollectiveTransport(trainer, "127.0.0.1:1", BucketPlan((), ()), LOG,
+                                                             op_timeout_s=1.0), LOG)
     own = GeneratorHandle("g-trainer", shared, 8, shares_trainer_weights=True)
     report = publisher.publish([own])
     assert report.version == 1 and report.bytes_sent == 0
     assert trainer.groups[-1].world_size == 1 and not shared.received  # the trainer alone takes the version
-    assert publisher.is_current("g-trainer") and publisher.admit([own]) == [own]
+    assert publisher.versions.is_current("g-trainer") and publisher.admit([own]) == [own]
     publisher.publish([own, GeneratorHandle("g-vllm", vllm, 8)])  # a vLLM generator beside it: a group of two
     assert trainer.groups[-1].world_size == 2 and vllm.received == [(2, 1, 2)] and not shared.received
-    assert publisher.is_current("g-trainer") and publisher.is_current("g-vllm")
+    assert publisher.versions.is_current("g-trainer") and publisher.versions.is_current("g-vllm")

@@ -5,9 +5,10 @@ import time
 
 import structlog
 
-from coordinator.registry import Registry, health
-from coordinator.rollout import GeneratorHandle, generate
-from generator_svc.types import Completion, SamplingConfig
+from coordinator.cluster.registry import Registry, health
+from coordinator.cluster.versions import WeightVersions
+from coordinator.loop.rollout import GeneratorHandle, generate
+from tandem.generation.types import Completion, SamplingConfig
 
 LOG = structlog.get_logger()
 
@@ -70,12 +71,16 @@ def test_health():
     registry.heartbeat(gen, 0, 3)
     member = registry.members()[0]
     now = member.last_seen
-    assert health(member, now, 1.0, published_version=3) == "healthy"
-    assert health(member, now, 1.0, published_version=4) == "stale_weights"
-    assert health(member, now, 1.0, published_version=None) == "healthy"  # nothing published yet
-    assert health(member, now + 2.5, 1.0, published_version=3) == "late"
+    versions = WeightVersions()
+    assert health(member, now, 1.0, versions) == "healthy"  # version 0: every generator loads the checkpoint
+    versions.published(4, acknowledged=["someone-else"])
+    assert health(member, now, 1.0, versions) == "stale_weights"  # the rule of WeightVersions, not heartbeats
+    assert health(member, now, 1.0, None) == "healthy"  # not judged (the run is starting)
+    versions.caught_up([gen])
+    assert health(member, now, 1.0, versions) == "healthy"
+    assert health(member, now + 2.5, 1.0, versions) == "late"
     registry.deregister(gen, draining=True)
-    assert health(registry.members()[0], now, 1.0, 3) == "leaving"
+    assert health(registry.members()[0], now, 1.0, versions) == "leaving"
 
 
 class SlowGenerator:

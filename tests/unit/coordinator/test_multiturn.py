@@ -5,11 +5,11 @@ trainer's batching and GRPO loss treating observation tokens as absent."""
 import pytest
 import torch
 
-from coordinator.multiturn import OBSERVATION_LOGPROB, Episode, run_episodes
-from coordinator.scoring import RewardRouter, per_task_metrics
-from generator_svc.types import Completion, SamplingConfig
+from coordinator.loop.multiturn import OBSERVATION_LOGPROB, Episode, run_episodes
+from coordinator.loop.scoring import RewardRouter, per_task_metrics
 from reward_svc.envs import calculator
 from reward_svc.types import StepResult
+from tandem.generation.types import Completion, SamplingConfig
 from trainer_svc.batching import collate, count_loss_tokens, validate_samples
 from trainer_svc.losses import grpo_loss
 from trainer_svc.types import GrpoLossConfig, Sample

@@ -5,13 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.algorithms.preference import PreferencePair, policy_samples, read_pairs, reward_model_samples
-from coordinator.config import ConfigError, DataConfig, load_config
-from coordinator.config_preference import Algorithm
-from coordinator.data import Tokens
+from coordinator.algorithms.preference import policy_samples, reward_model_samples
+from coordinator.cluster.specs import trainer_settings
+from coordinator.config import ConfigError, load_config
+from coordinator.config.data import DataConfig
+from coordinator.config.preference import Algorithm
+from coordinator.data.preference import PreferencePair, read_pairs
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.preference import ensure_preference_dataset, make_preference_splits
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch import trainer_settings
 from trainer_svc.types import DpoLossConfig
 
 RECIPES = Path(__file__).resolve().parents[3] / "examples" / "configs"
@@ -36,7 +38,7 @@ def test_dpo_section_maps_to_the_trainer_loss():
     cfg = load_config(raw={**PAIRS, "dpo": {"reference_policy_kl_penalty": 0.2, "sft_loss_weight": 0.5,
                                             "sft_average_log_probs": True}})
     assert cfg.algorithm is Algorithm.DPO
-    assert cfg.dpo.trainer_loss() == DpoLossConfig(0.2, 1.0, 0.5, False, True)
+    assert cfg.dpo.trainer_loss() == DpoLossConfig(reference_policy_kl_penalty=0.2, sft_loss_weight=0.5, sft_average_log_probs=True)
     assert "algorithm" not in cfg.model_dump()  # derived, never written back into config.yaml
 
 
@@ -99,8 +101,8 @@ def test_rm_samples_are_tokenised_as_reward_svc_reads_them(tokens):
 
 
 def test_a_broken_jsonl_line_is_named(tmp_path):
-    from coordinator.algorithms.preference import read_pairs
     from coordinator.config import load_config
+    from coordinator.data.preference import read_pairs
 
     path = tmp_path / "pairs.jsonl"
     path.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "x"}\n{"prompt": "2+2=", "chosen": \n')

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from coordinator import api
+from coordinator.cluster.registry import Member
+from coordinator.cluster.specs import all_registered, launch_all
 from coordinator.config import ConfigError
-from coordinator.launch import all_registered, launch_all
-from coordinator.registry import Member
 
 
 def test_tandem_exports_the_api_lazily():

@@ -5,15 +5,15 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
 import structlog
 
-from coordinator.adopted import AdoptedProcess, descendants, start_ticks
+from coordinator.cluster.adopted import AdoptedProcess, descendants, start_ticks
+from coordinator.cluster.launcher import LocalLauncher, ServiceSpec
+from coordinator.cluster.recovery import trainer_dead
 from coordinator.config import load_config
-from coordinator.launcher import LocalLauncher, ServiceSpec
-from coordinator.recovery import resume_version, trainer_dead
-from coordinator.resume import find_unfinished
+from coordinator.run.resume import find_unfinished, resume_version
+from tandem.rpc import RpcFailure, Status
 
 LOG = structlog.get_logger()
 
@@ -48,9 +48,8 @@ class _Services:
             raise self._error
 
 
-class _Unavailable(grpc.RpcError):
-    def code(self):
-        return grpc.StatusCode.UNAVAILABLE
+def _Unavailable() -> RpcFailure:
+    return RpcFailure(Status.UNAVAILABLE, "gone")
 
 
 def test_trainer_dead():

@@ -3,23 +3,16 @@ a dead one is dropped and its call retried with backoff, the run pauses (with a 
 message) while no service serves the task and resumes when one is back; bad requests raise.
 And the pre-run check that every dataset task has an env section."""
 
-import grpc
 import pytest
 
 from coordinator.config import ConfigError
-from coordinator.scoring import RewardRouter, check_tasks_configured
+from coordinator.loop.scoring import RewardRouter, check_tasks_configured
 from reward_svc.types import ScoreItem, ScoreResult
+from tandem.rpc import RpcFailure, Status
 
 
-class _RpcError(grpc.RpcError):
-    def __init__(self, code):
-        self._code = code
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return "test"
+def _RpcError(status: Status) -> RpcFailure:
+    return RpcFailure(status, "test")
 
 
 class _Client:
@@ -67,7 +60,7 @@ def test_each_call_takes_the_service_registered_now():
 
 
 def test_dead_service_is_dropped_and_the_call_retried_on_its_replacement():
-    dead, new = _Client(0.0, fail_with=grpc.StatusCode.UNAVAILABLE), _Client(1.0)
+    dead, new = _Client(0.0, fail_with=Status.UNAVAILABLE), _Client(1.0)
     router, failed, sleeps, log = _router([{"t": dead}, {"t": dead}, {}, {"t": new}])
     assert [r.reward for r in router.score(ITEMS)] == [1.0] * 3
     assert failed == [dead, dead] and dead.calls == 2
@@ -88,9 +81,9 @@ def test_run_pauses_with_a_clear_message_until_a_service_is_back():
 
 
 def test_a_bad_request_is_not_retried():
-    bad = _Client(0.0, fail_with=grpc.StatusCode.INVALID_ARGUMENT)
+    bad = _Client(0.0, fail_with=Status.INVALID_ARGUMENT)
     router, failed, sleeps, _ = _router([{"t": bad}])
-    with pytest.raises(grpc.RpcError):
+    with pytest.raises(RpcFailure):
         router.score(ITEMS)
     assert bad.calls == 1 and not failed and not sleeps
 

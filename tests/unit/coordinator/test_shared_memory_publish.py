@@ -3,21 +3,18 @@ loads it from there, the directory is removed, and a failed load is retried (in-
 
 from pathlib import Path
 
-import grpc
 import pytest
 import structlog
 
-from coordinator.rollout import GeneratorHandle
-from coordinator.weights import PublishError, WeightPublisher, shared_memory_dir
-from tandem.weight_sync import BucketPlan
+from coordinator.cluster.services import GeneratorHandle
+from coordinator.loop.weights.publisher import PublishError, WeightPublisher
+from coordinator.loop.weights.transports import SharedMemoryTransport, shared_memory_dir
+from tandem.rpc import RpcFailure, Status
+from tandem.weight_source import SharedMemorySource
 
 
-class Unavailable(grpc.RpcError):
-    def code(self):
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self):
-        return "load failed"
+def Unavailable() -> RpcFailure:
+    return RpcFailure(Status.UNAVAILABLE, "load failed")
 
 
 class FakeTrainer:
@@ -42,20 +39,19 @@ class FakeGenerator:
     def info(self, timeout_s=0):
         return self
 
-    def load_shared_weights(self, directory: str, version: int, timeout_s: float = 0) -> int:
-        self.seen.append(sorted(p.name for p in Path(directory).iterdir()))
+    def load_weights(self, source, version: int, timeout_s: float = 0) -> int:
+        assert isinstance(source, SharedMemorySource), "colocated on CPU: no weight-sync group"
+        self.seen.append(sorted(p.name for p in Path(source.directory).iterdir()))
         if self.failures:
             self.failures -= 1
             raise Unavailable()
         self.version = version
         return version
 
-    def receive_weights(self, *args, **kwargs):
-        raise AssertionError("colocated mode must not join a weight-sync group")
-
 
 def _publisher(tmp_path, trainer):
-    return WeightPublisher(trainer, "", BucketPlan((), ()), structlog.get_logger(), shared_dir=tmp_path)
+    log = structlog.get_logger()
+    return WeightPublisher(trainer, SharedMemoryTransport(trainer, tmp_path, log, op_timeout_s=1.0), log)
 
 
 def test_every_generator_loads_the_version_from_shared_memory(tmp_path):

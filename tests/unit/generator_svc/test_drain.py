@@ -8,7 +8,7 @@ import structlog
 
 from generator_svc.config import GeneratorSettings
 from generator_svc.engines.vllm_engine import VllmEngine
-from generator_svc.types import SamplingConfig
+from tandem.generation.types import SamplingConfig
 
 
 def _engine() -> VllmEngine:

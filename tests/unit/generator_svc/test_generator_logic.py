@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from generator_svc.client import completion_from_pb, sampling_to_pb
 from generator_svc.config import GeneratorSettings, run_dir, vllm_environment
 from generator_svc.engines.vllm_outputs import (
     finish_reason_from_vllm,
@@ -16,14 +15,16 @@ from generator_svc.engines.vllm_outputs import (
     to_completion,
     weight_version_of,
 )
-from generator_svc.server import completion_to_pb, sampling_from_pb
-from generator_svc.types import Completion, SamplingConfig
-from generator_svc.worker_extension import (
-    group_from_json,
-    group_to_json,
-    plan_from_json,
-    plan_to_json,
+from tandem.generation.convert import (
+    completion_from_pb,
+    completion_to_pb,
+    sampling_from_pb,
+    sampling_to_pb,
+    source_from_pb,
+    source_to_pb,
 )
+from tandem.generation.types import Completion, SamplingConfig
+from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource, source_from_json, source_to_json
 from tandem.weight_sync import GroupSpec, make_bucket_plan
 
 
@@ -138,13 +139,29 @@ def replace_settings(settings: GeneratorSettings, **changes) -> GeneratorSetting
     return GeneratorSettings.model_validate({**settings.model_dump(), **changes})
 
 
-def test_plan_and_group_survive_the_json_trip_into_the_worker():
+def _sources():
     import torch
 
     plan = make_bucket_plan([("a.weight", (3, 4), torch.float32), ("b.bias", (5,), torch.bfloat16)], bucket_bytes=48)
-    assert plan_from_json(plan_to_json(plan)) == plan
     group = GroupSpec("127.0.0.1:1234", 3, "s3cret", 4, 12.5)
-    assert group_from_json(group_to_json(group)) == group
+    handles = tuple(bytes([i, 0, 255]) for i in range(len(plan.bucket_sizes_bytes)))
+    return [CollectiveSource(group, 2, plan), SharedMemorySource("/dev/shm/tandem-0/v3"), CudaIpcSource(handles, plan)]
+
+
+@pytest.mark.parametrize("source", _sources(), ids=lambda s: type(s).__name__)
+def test_every_weight_source_survives_the_wire_and_the_json_trip_into_the_worker(source):
+    assert source_from_json(source_to_json(source)) == source
+    assert source_from_pb(source_to_pb(source, version=5)) == source
+
+
+def test_a_weight_source_is_checked_where_it_is_made():
+    collective, _, ipc = _sources()
+    with pytest.raises(ValueError, match="ranks 1..3"):
+        CollectiveSource(collective.group, 4, collective.plan)
+    with pytest.raises(ValueError, match="CUDA IPC handles"):
+        CudaIpcSource(ipc.buckets[:-1], ipc.plan)
+    with pytest.raises(ValueError, match="exactly one source"):
+        source_from_pb(source_to_pb(SharedMemorySource(""), version=1))
 
 
 def test_sampling_and_completions_survive_the_wire():

@@ -14,9 +14,10 @@ from generator_svc.client import GeneratorClient
 from generator_svc.config import GeneratorSettings
 from generator_svc.engines.sleep import memory_args
 from generator_svc.engines.vllm_engine import VllmEngine
-from generator_svc.server import GeneratorServicer
-from generator_svc.types import SamplingConfig
+from tandem.generation.servicer import GeneratorServicer
+from tandem.generation.types import SamplingConfig
 from tandem.rpc import FailedPrecondition
+from tandem.weight_source import CudaIpcSource
 from tandem.weight_sync import make_bucket_plan
 
 PLAN = make_bucket_plan([("w", (4,), torch.float32)])
@@ -96,14 +97,14 @@ def test_sleep_wake_weights_load_wake_kv_in_order_and_generation_refused_meanwhi
         with pytest.raises(FailedPrecondition, match="asleep"):
             await _generate(engine)
         with pytest.raises(FailedPrecondition, match="wake up the weights"):
-            await engine.load_cuda_ipc_weights([b"h"], PLAN, 1)
+            await engine.load_weights(CudaIpcSource((b"h",), PLAN), 1)
         assert await engine.wake_up(["weights"]) == ("kv_cache",)
-        assert await engine.load_cuda_ipc_weights([b"h"], PLAN, 1) == 1
+        assert await engine.load_weights(CudaIpcSource((b"h",), PLAN), 1) == 1
         with pytest.raises(FailedPrecondition, match="asleep"):
             await _generate(engine)  # the KV cache still sleeps
         assert await engine.wake_up() == ()
         assert await engine.wake_up() == ()  # nothing left: vLLM is not asked again
-        assert llm.calls == [("sleep", 1), ("wake_up", ("weights",)), ("rpc", "tandem_stage_cuda_ipc"),
+        assert llm.calls == [("sleep", 1), ("wake_up", ("weights",)), ("rpc", "tandem_stage"),
                              ("rpc", "tandem_apply_staged"), ("reset_prefix_cache",), ("version", "1"),
                              ("wake_up", ("kv_cache",))]  # no pause/resume: the sleep paused the scheduler
         assert engine.info().weight_version == 1 and engine.info().sleeping == ()
@@ -115,8 +116,8 @@ def test_an_awake_engine_pauses_around_the_swap_and_checks_the_handle_count():
     async def scenario():
         engine = _engine()
         with pytest.raises(ValueError, match="2 CUDA IPC handles for a plan of 1"):
-            await engine.load_cuda_ipc_weights([b"a", b"b"], PLAN, 1)
-        await engine.load_cuda_ipc_weights([b"h"], PLAN, 1)
+            CudaIpcSource((b"a", b"b"), PLAN)
+        await engine.load_weights(CudaIpcSource((b"h",), PLAN), 1)
         names = [c[0] for c in engine._llm.calls]
         assert names == ["rpc", "pause", "rpc", "reset_prefix_cache", "version", "resume"]
 
@@ -153,7 +154,7 @@ def test_level_two_discards_the_weights_until_a_version_is_loaded():
             await _generate(engine)
         await engine.sleep(2)
         await engine.wake_up(["weights"])
-        await engine.load_cuda_ipc_weights([b"h"], PLAN, 1)
+        await engine.load_weights(CudaIpcSource((b"h",), PLAN), 1)
         await engine.wake_up(["kv_cache"])
         engine._sleep.check_can_generate()
 
@@ -188,8 +189,8 @@ class _RecordingEngine:
     def __init__(self):
         self.seen = []
 
-    async def load_cuda_ipc_weights(self, buckets, plan, version):
-        self.seen.append(("ipc", buckets, plan, version))
+    async def load_weights(self, source, version):
+        self.seen.append(("ipc", source.buckets, source.plan, version))
         return version
 
     async def sleep(self, level):
@@ -210,10 +211,10 @@ def test_the_wire_carries_sleep_wake_and_cuda_ipc_handles():
         assert client.sleep(1) == ("weights", "kv_cache")
         assert client.wake_up(["weights"]) == ("kv_cache",)
         assert client.wake_up() == ()
-        payloads = [b"\x00handle-0", b"\xffhandle-1"]
+        payloads = (b"\x00handle-0", b"\xffhandle-1")
         plan = make_bucket_plan([("a", (8,), torch.float32), ("b", (8,), torch.float32)], 32)
-        assert client.load_cuda_ipc_weights(payloads, plan, 7) == 7
+        assert client.load_weights(CudaIpcSource(payloads, plan), 7) == 7
     finally:
         client.close()
-    assert servicer.engine.seen == [("sleep", 1), ("wake_up", ["weights"]), ("wake_up", None),
+    assert servicer.engine.seen == [("sleep", 1), ("wake_up", ("weights",)), ("wake_up", None),
                                     ("ipc", payloads, plan, 7)]

@@ -114,14 +114,14 @@ def test_engine_routes_a_mixed_call(model_dir):
             engine.close()
 
     results, engine = asyncio.run(scenario())
-    scalars = engine._reward_model.score_texts(["1+2=3", "9+9=18", "hi there"])
+    scalars = RewardModel(settings.reward_model).score_texts(["1+2=3", "9+9=18", "hi there"])
     assert [r.reward for r in results[0::2]] == pytest.approx(scalars, abs=1e-5)
     assert [(r.reward, r.correct) for r in results[1::2]] == [(1.0, True), (0.0, False)]
 
 
 def test_coordinator_config_passes_the_model_through(tmp_path, monkeypatch):
+    from coordinator.cluster.specs import reward_settings
     from coordinator.config import ExperimentConfig
-    from coordinator.launch import reward_settings
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     cfg = ExperimentConfig.model_validate({"env": {
@@ -134,4 +134,4 @@ def test_coordinator_config_passes_the_model_through(tmp_path, monkeypatch):
     RewardModel(embedded.reward_model).close()  # the embedded one was built and loads
     assert reward_settings(cfg, "mine").reward_model.model_dump() == {
         "model_name": "/models/rm", "batch_size": 16, "max_length": 64, "dtype": "float32", "squash": "none"}
-    assert reward_settings(cfg, "arithmetic").reward_model is None
+    assert reward_settings(cfg, "arithmetic").reward_model.model_name is None  # no reward_model task: not built

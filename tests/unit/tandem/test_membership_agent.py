@@ -8,9 +8,9 @@ import time
 
 import structlog
 
-from coordinator.registry import Registry
-from coordinator.server import CoordinatorServer
-from coordinator.status import RunStatus
+from coordinator.cluster.registry import Registry
+from coordinator.cluster.server import CoordinatorServer
+from coordinator.cluster.status import RunStatus
 from tandem.membership import Announcement, Load, MembershipAgent
 
 TOKEN = "agent-test-token"

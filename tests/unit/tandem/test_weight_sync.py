@@ -3,8 +3,16 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tandem.weight_sync import (GroupSpec, WeightReceiver, WeightSender, iter_buckets, iter_plan_tensors,
-                                make_bucket_plan, plan_for_state_dict, send_buffer_sizes)
+from tandem.weight_sync import (
+    GroupSpec,
+    WeightReceiver,
+    WeightSender,
+    iter_buckets,
+    iter_plan_tensors,
+    make_bucket_plan,
+    plan_for_state_dict,
+    send_buffer_sizes,
+)
 
 
 def test_bucket_plan_packs_in_order_and_aligns():
@@ -107,7 +115,7 @@ SHAPES = {"embed": (50, 16), "a": (16, 16), "b": (16,), "c": (64, 16), "d": (16,
 
 
 def test_buckets_stream_out_holding_one_bucket_and_one_tensor():
-    from trainer_svc.backends.held_bytes import HeldBytes
+    from trainer_svc.held_bytes import HeldBytes
 
     plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
     assert len(plan.bucket_sizes_bytes) >= 4

@@ -1,6 +1,6 @@
 import torch
 
-from trainer_svc.backends.held_bytes import HeldBytes
+from trainer_svc.held_bytes import HeldBytes
 
 
 def test_counts_a_storage_once_until_its_last_tracked_tensor_is_freed():

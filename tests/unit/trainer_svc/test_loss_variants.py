@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tandem.kl import kl_estimate
-from trainer_svc.client import _grpo_loss_pb
+from trainer_svc.client import _train_request
 from trainer_svc.losses import LossInputs, build_loss_fn, grpo_loss
-from trainer_svc.server import _grpo_loss
+from trainer_svc.server import _loss as loss_from_request
 from trainer_svc.types import GrpoLossConfig
 
 LN = math.log
@@ -195,7 +195,7 @@ def test_loss_config_survives_the_proto_round_trip():
     for config in [GrpoLossConfig(), *CONFIGS,
                    GrpoLossConfig(disable_ppo_ratio=True, kl_input_clamp_value=20.0, kl_output_clamp_value=10.0,
                                   use_on_policy_kl_approximation=True, reference_policy_kl_type="k1")]:
-        back = _grpo_loss(_grpo_loss_pb(config))
+        back = loss_from_request(_train_request(config))
         for name, value in vars(config).items():
             assert getattr(back, name) == (pytest.approx(value) if isinstance(value, float) else value), name
 

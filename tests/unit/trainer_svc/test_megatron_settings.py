@@ -4,12 +4,12 @@ refused, backend precedence, and options that cannot run here refused with the k
 import pytest
 from pydantic import ValidationError
 
+from coordinator.cluster.specs import trainer_settings
 from coordinator.config import ConfigError, load_config
-from coordinator.launch import trainer_settings
 from trainer_svc.backends.megatron.convert import Arch
 from trainer_svc.backends.megatron.model import check_supported
-from trainer_svc.backends.megatron.settings import MegatronSettings
 from trainer_svc.config import TrainerSettings
+from trainer_svc.config.megatron import MegatronSettings
 
 ARCH = Arch("llama", num_layers=4, hidden_size=128, ffn_hidden_size=512, num_heads=4, num_kv_heads=2, head_dim=32,
             vocab_size=82, max_position_embeddings=64, rope_theta=1e4, norm_eps=1e-6, qkv_bias=False,
@@ -77,7 +77,7 @@ def test_impossible_layouts_name_the_key(options, world, message):
 def test_megatron_recipes_load_and_choose_megatron(recipe):
     from pathlib import Path
 
-    from coordinator.config import TrainingBackend
+    from trainer_svc.config import TrainingBackend
 
     path = Path(__file__).resolve().parents[3] / "examples" / "configs" / f"{recipe}.yaml"
     cfg = load_config(path)

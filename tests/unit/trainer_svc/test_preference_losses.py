@@ -104,8 +104,8 @@ def test_build_loss_fn_declares_what_preference_losses_need():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"reference_policy_kl_penalty": 0.0}, "beta"),
-    ({"sft_loss_weight": -1.0}, ">= 0"),
+    ({"reference_policy_kl_penalty": 0.0}, "reference_policy_kl_penalty"),
+    ({"sft_loss_weight": -1.0}, "sft_loss_weight"),
     ({"preference_loss_weight": 0.0}, "nothing to train"),
 ])
 def test_dpo_config_rejects_bad_values(kwargs, message):

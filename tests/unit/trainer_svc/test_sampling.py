@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from generator_svc.types import SamplingConfig
-from trainer_svc.decode import DecodeRequest, Decoder, DecodeSink
+from tandem.generation.types import SamplingConfig
+from trainer_svc.decode import Decoder, DecodeRequest, DecodeSink
 from trainer_svc.sampling import filter_logits, row_generator, sample_tokens
 
 

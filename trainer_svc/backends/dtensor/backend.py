@@ -20,7 +20,6 @@ from torch.distributed.tensor import DTensor
 from trainer_svc.backends.dtensor import checkpoint
 from trainer_svc.backends.dtensor.model import load_sharded_policy
 from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, clip_grad_norm, offload_policy
-from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
     MicroBatch,
@@ -34,8 +33,9 @@ from trainer_svc.batching import (
     token_logprobs,
     unpack_logprobs,
 )
-from trainer_svc.config import TrainerSettings
+from trainer_svc.config import TrainerSettings, TrainingBackend
 from trainer_svc.distributed import DistEnv
+from trainer_svc.held_bytes import HeldBytes
 from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_sequences, masked_entropy_sum
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
@@ -50,7 +50,7 @@ class DTensorBackend:
     Data is split over "dp" only: the tp ranks of one dp group run the same micro-batches.
     """
 
-    backend_kind = "dtensor"
+    backend_kind = TrainingBackend.DTENSOR
 
     def __init__(self, settings: TrainerSettings, env: DistEnv):
         torch.manual_seed(settings.seed)

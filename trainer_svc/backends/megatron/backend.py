@@ -25,7 +25,6 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.backends.megatron import checkpoint, cpu_compat
 from trainer_svc.backends.megatron.convert import Arch, hf_shapes
 from trainer_svc.backends.megatron.model import (
@@ -41,9 +40,17 @@ from trainer_svc.backends.megatron.model import (
 )
 from trainer_svc.backends.megatron.weights import iter_hf_tensors, load_weights
 from trainer_svc.backends.reference import ReferenceWeights
-from trainer_svc.batching import MicroBatch, collate, completion_logprobs, count_loss_tokens, optimizer_steps, rank_shard
-from trainer_svc.config import TrainerSettings
+from trainer_svc.batching import (
+    MicroBatch,
+    collate,
+    completion_logprobs,
+    count_loss_tokens,
+    optimizer_steps,
+    rank_shard,
+)
+from trainer_svc.config import TrainerSettings, TrainingBackend
 from trainer_svc.distributed import DistEnv
+from trainer_svc.held_bytes import HeldBytes
 from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_sequences, masked_entropy_sum
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
@@ -55,7 +62,7 @@ def _ceil_div(a: int, b: int) -> int:
 class MegatronBackend:
     """A local-spec GPTModel converted from the HF checkpoint, trained with Megatron's schedules."""
 
-    backend_kind = "megatron"
+    backend_kind = TrainingBackend.MEGATRON
 
     def __init__(self, settings: TrainerSettings, env: DistEnv, log=None):
         from transformers import AutoConfig

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from trainer_svc.backends.megatron import cpu_compat
 from trainer_svc.backends.megatron.convert import Arch, Shard
-from trainer_svc.backends.megatron.settings import MegatronSettings
+from trainer_svc.config.megatron import MegatronSettings
 
 
 @dataclass(frozen=True)

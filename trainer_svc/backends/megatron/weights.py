@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer_svc.backends.held_bytes import HeldBytes
 from trainer_svc.backends.megatron import cache
 from trainer_svc.backends.megatron.convert import (
     Arch,
@@ -23,6 +22,7 @@ from trainer_svc.backends.megatron.convert import (
     read_hf_tensors,
 )
 from trainer_svc.backends.megatron.model import Layout, shard_of
+from trainer_svc.held_bytes import HeldBytes
 
 
 def load_weights(model: torch.nn.Module, arch: Arch, layout: Layout, model_dir: str, *, rank: int,

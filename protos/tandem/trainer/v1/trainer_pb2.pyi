@@ -63,7 +63,7 @@ class Sample(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ...) -> None: ...
 
 class GrpoLoss(_message.Message):
-    __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction", "ratio_clip_c", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value", "use_on_policy_kl_approximation", "sequence_level_loss", "sequence_level_importance_ratios", "truncated_importance_sampling_ratio", "truncated_importance_sampling_type", "truncated_importance_sampling_ratio_min", "disable_ppo_ratio", "force_on_policy_ratio")
+    __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction", "ratio_clip_c", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value", "use_on_policy_kl_approximation", "sequence_level_importance_ratios", "truncated_importance_sampling_ratio", "truncated_importance_sampling_type", "truncated_importance_sampling_ratio_min", "disable_ppo_ratio", "force_on_policy_ratio", "token_level_loss")
     RATIO_CLIP_MIN_FIELD_NUMBER: _ClassVar[int]
     RATIO_CLIP_MAX_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_POLICY_KL_PENALTY_FIELD_NUMBER: _ClassVar[int]
@@ -73,13 +73,13 @@ class GrpoLoss(_message.Message):
     KL_INPUT_CLAMP_VALUE_FIELD_NUMBER: _ClassVar[int]
     KL_OUTPUT_CLAMP_VALUE_FIELD_NUMBER: _ClassVar[int]
     USE_ON_POLICY_KL_APPROXIMATION_FIELD_NUMBER: _ClassVar[int]
-    SEQUENCE_LEVEL_LOSS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_LEVEL_IMPORTANCE_RATIOS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_IMPORTANCE_SAMPLING_RATIO_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_IMPORTANCE_SAMPLING_TYPE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_IMPORTANCE_SAMPLING_RATIO_MIN_FIELD_NUMBER: _ClassVar[int]
     DISABLE_PPO_RATIO_FIELD_NUMBER: _ClassVar[int]
     FORCE_ON_POLICY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LEVEL_LOSS_FIELD_NUMBER: _ClassVar[int]
     ratio_clip_min: float
     ratio_clip_max: float
     reference_policy_kl_penalty: float
@@ -89,14 +89,14 @@ class GrpoLoss(_message.Message):
     kl_input_clamp_value: float
     kl_output_clamp_value: float
     use_on_policy_kl_approximation: bool
-    sequence_level_loss: bool
     sequence_level_importance_ratios: bool
     truncated_importance_sampling_ratio: float
     truncated_importance_sampling_type: TruncatedImportanceSamplingType
     truncated_importance_sampling_ratio_min: float
     disable_ppo_ratio: bool
     force_on_policy_ratio: bool
-    def __init__(self, ratio_clip_min: _Optional[float] = ..., ratio_clip_max: _Optional[float] = ..., reference_policy_kl_penalty: _Optional[float] = ..., use_importance_sampling_correction: _Optional[bool] = ..., ratio_clip_c: _Optional[float] = ..., reference_policy_kl_type: _Optional[_Union[KlType, str]] = ..., kl_input_clamp_value: _Optional[float] = ..., kl_output_clamp_value: _Optional[float] = ..., use_on_policy_kl_approximation: _Optional[bool] = ..., sequence_level_loss: _Optional[bool] = ..., sequence_level_importance_ratios: _Optional[bool] = ..., truncated_importance_sampling_ratio: _Optional[float] = ..., truncated_importance_sampling_type: _Optional[_Union[TruncatedImportanceSamplingType, str]] = ..., truncated_importance_sampling_ratio_min: _Optional[float] = ..., disable_ppo_ratio: _Optional[bool] = ..., force_on_policy_ratio: _Optional[bool] = ...) -> None: ...
+    token_level_loss: bool
+    def __init__(self, ratio_clip_min: _Optional[float] = ..., ratio_clip_max: _Optional[float] = ..., reference_policy_kl_penalty: _Optional[float] = ..., use_importance_sampling_correction: _Optional[bool] = ..., ratio_clip_c: _Optional[float] = ..., reference_policy_kl_type: _Optional[_Union[KlType, str]] = ..., kl_input_clamp_value: _Optional[float] = ..., kl_output_clamp_value: _Optional[float] = ..., use_on_policy_kl_approximation: _Optional[bool] = ..., sequence_level_importance_ratios: _Optional[bool] = ..., truncated_importance_sampling_ratio: _Optional[float] = ..., truncated_importance_sampling_type: _Optional[_Union[TruncatedImportanceSamplingType, str]] = ..., truncated_importance_sampling_ratio_min: _Optional[float] = ..., disable_ppo_ratio: _Optional[bool] = ..., force_on_policy_ratio: _Optional[bool] = ..., token_level_loss: _Optional[bool] = ...) -> None: ...
 
 class NllLoss(_message.Message):
     __slots__ = ()

@@ -1,0 +1,87 @@
+"""The `tandem` command.
+
+    tandem run [CONFIG.yaml] [section.key=value ...]   run an experiment (default: the embedded demo)
+    tandem run [CONFIG.yaml] --resume [...]   continue logger.run_name from its latest checkpoint
+        (without --resume, a run named by logger.run_name that has a checkpoint and did not
+        finish is resumed too: re-running the same command after a crash continues it)
+    tandem status [--coordinator HOST:PORT | --run-dir DIR]   live services and progress of a run
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+
+def _run(args: argparse.Namespace) -> int:
+    from coordinator.config import ConfigError, load_config
+
+    console = Console(stderr=True)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    from coordinator.cluster.launcher import ServiceDied
+    from coordinator.run.create import create_run
+    from coordinator.run.resume import NothingToResume
+
+    try:
+        run = create_run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
+    except (NothingToResume, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        summary = run.execute()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every service was stopped[/]")
+        return 130
+    except (ServiceDied, TimeoutError) as exc:
+        console.print(f"[red]error:[/] {exc}\n(every service this run started was stopped)")
+        return 1
+    before, after = summary.get("accuracy_before"), summary.get("accuracy_after")
+    if before is not None and after is not None:
+        console.print(f"[bold]held-out accuracy: {before:.1%} before GRPO -> {after:.1%} after "
+                      f"({(after - before) * 100:+.1f} points)[/]")
+    console.print(f"wall time {summary['wall_time_s']:.0f}s; summary: {summary['run_dir']}/summary.json")
+    if "plot" in summary:
+        console.print(f"plot: {summary['plot']}")
+    console.print(f"logs: {summary['run_dir']}/logs/  metrics: {summary['run_dir']}/metrics.jsonl")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from coordinator.cli.status import show_status
+
+    return show_status(args.coordinator, args.run_dir, Console())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tandem", description="Tandem: RL post-training as services")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an experiment (no CONFIG: the embedded tiny-model demo)")
+    run.add_argument("config", nargs="?", default=None, help="experiment YAML (NeMo-RL schema)")
+    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_num_steps=10")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run named by logger.run_name from its latest complete checkpoint")
+    status = sub.add_parser("status", help="show a running experiment's services and progress")
+    status.add_argument("--coordinator", default=None, help="host:port of the coordinator")
+    status.add_argument("--run-dir", type=Path, default=None, help="run directory (reads its coordinator.addr)")
+    args, extra = parser.parse_known_args(argv)  # overrides may follow a flag: `run CFG --resume a.b=c`
+    if args.command != "run" and extra or any(e.startswith("-") for e in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "run":
+        args.overrides += extra
+    if args.command == "run" and args.config and "=" in args.config:
+        args.overrides.insert(0, args.config)  # `tandem run a.b=c` with no file
+        args.config = None
+    return _run(args) if args.command == "run" else _status(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

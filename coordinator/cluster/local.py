@@ -1,0 +1,129 @@
+"""Local mode's cluster: the coordinator's membership server plus every service launched
+as a child process, as one context manager. `Run` uses it; so do the integration tests.
+With `cluster.launch: external` (docker compose, several hosts) it launches nothing and waits
+for the services, started by someone else with `--coordinator`, to register.
+
+    with LocalCluster(cfg, model_dir, run_dir, token, log) as services:
+        services.trainer.info() ...
+
+A coordinator restarted on a run (`adopt=True`, what resuming does) serves on the address
+the previous one wrote to <run>/coordinator.addr, so the services that outlived it (they
+run in their own sessions) re-register by themselves; it adopts those it finds alive in
+<run>/services.json and launches only what is missing. A fresh start stops any such
+leftovers instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from coordinator.cluster.launcher import LocalLauncher
+from coordinator.cluster.registry import Registry
+from coordinator.cluster.server import CoordinatorServer
+from coordinator.cluster.services import Services
+from coordinator.cluster.specs import all_registered, launch_all, scratch_root
+from coordinator.cluster.status import RunStatus
+from coordinator.config import ExperimentConfig
+
+CHILD_ENV = {
+    "OMP_NUM_THREADS": "1",  # one intra-op thread per rank/service: 2 cores are shared by all of them
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def _previous_port(run_dir: Path) -> int:
+    """The port of the coordinator that served this run before (0 if none)."""
+    path = run_dir / "coordinator.addr"
+    return int(path.read_text().strip().rpartition(":")[2]) if path.is_file() else 0
+
+
+class HostedService(Protocol):
+    """A service the caller runs in this process (the Python API's reward_fn): started once the
+    coordinator serves, so it can register like any launched service, and stopped at the end."""
+
+    def start(self, coordinator_address: str, token: str, host: str) -> None: ...
+    def stop(self) -> None: ...
+
+
+class LocalCluster:
+    def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
+                 status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False):
+        self.cfg = cfg
+        self.model_dir = model_dir
+        self.run_dir = run_dir
+        self.log = log
+        self.status = status or RunStatus(run_dir.name)
+        self.registry = Registry(log)
+        self.adopt = adopt
+        self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host,
+                                        port=(_previous_port(run_dir) if adopt else 0) or cfg.cluster.port,
+                                        token=token, log=log)
+        self.launcher = LocalLauncher(run_dir / "logs", {"TANDEM_TOKEN": token, **CHILD_ENV}, log,
+                                      state_file=run_dir / "services.json")
+        self.services = Services(self.registry, token, log)
+        self.token = token
+        self.hosted = list(hosted)
+        self.address = ""
+        self.startup_s = 0.0
+
+    def __enter__(self) -> Services:
+        started = time.perf_counter()
+        try:
+            self.address = self._serve()
+            (self.run_dir / "coordinator.addr").write_text(self.address)
+            leftovers = self.launcher.adopt()
+            if leftovers and not self.adopt:  # a fresh start: an earlier coordinator's services go
+                self.log.warning("leftover_services_stopped", names=leftovers)
+                self.launcher.stop_all()
+            for service in self.hosted:
+                service.start(self.address, self.token, self.cfg.cluster.host)
+            if self.cfg.cluster.launch == "local":
+                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
+            else:
+                self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
+                              tasks=sorted(self.cfg.env))
+            self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
+                                   check=self.launcher.check)
+            self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
+        except BaseException:
+            self.close()
+            raise
+        self.startup_s = time.perf_counter() - started
+        return self.services
+
+    def _serve(self) -> str:
+        try:
+            return self.server.start()
+        except OSError as exc:  # the previous address is taken: services started before must be replaced
+            self.log.warning("coordinator_address_taken", error=str(exc))
+            self.adopt = False  # services that outlived the last coordinator cannot reach this one: replace them
+            self.server = CoordinatorServer(self.registry, self.status, host=self.cfg.cluster.host, port=0,
+                                            token=self.token, log=self.log)
+            return self.server.start()
+
+    def restart_trainer(self) -> None:
+        """Relaunch the trainer (its process group is killed first) and wait until it registers;
+        the generator it served itself (policy.generation.backend megatron) goes with it."""
+        old = [m for m in self.registry.live() if m.kind == "trainer" or m.shares_trainer_weights]
+        self.launcher.restart("trainer")
+        for member in old:
+            self.registry.remove(member.member_id, reason="trainer relaunched")
+            self.services.forget(member.member_id)
+        self.registry.wait_for(lambda members: any(m.kind == "trainer" for m in members),
+                               self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.services.close()
+        self.launcher.stop_all()
+        for service in self.hosted:
+            service.stop()
+        self.server.stop()
+        shutil.rmtree(scratch_root(self.run_dir), ignore_errors=True)

@@ -1,0 +1,153 @@
+"""Membership: which services are alive, what they serve, and how loaded they are.
+
+Services register (kind, address, fingerprint, capacity, tasks) and heartbeat; a member
+silent for longer than `timeout_s` is dropped. A member that announces it is leaving (a
+generator told to stop drains first) is no longer `live` (it gets no new work) but is still
+`present` (its calls in flight are left to finish) until it says it is gone or goes silent.
+One that says it is gone after draining stays `present` for good: its calls finished on its
+side, and their streams end by themselves (their last messages may still be on the way when
+its goodbye arrives, which must not turn a clean drain into a failure and a re-send).
+Thread-safe: the gRPC server thread writes, the run loop reads. Joins, leaves and losses
+are logged as structured events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+from coordinator.cluster.versions import WeightVersions
+
+
+@dataclass(frozen=True)
+class Member:
+    member_id: str
+    kind: str  # "trainer" | "generator" | "reward"
+    address: str
+    model_fingerprint: str = ""
+    capacity: int = 0
+    tasks: tuple[str, ...] = ()
+    pid: int = 0
+    shares_trainer_weights: bool = False
+    """A generator inside the trainer process (policy.generation.backend: megatron)."""
+    weight_version: int = 0
+    num_inflight: int = 0
+    leaving: bool = False
+    """Announced it is leaving: no new work; what it holds may still finish."""
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+def health(member: Member, now: float, heartbeat_interval_s: float, versions: WeightVersions | None) -> str:
+    """"leaving", "late" (heartbeat overdue by more than two intervals), "stale_weights" (a
+    generator not serving the published version, by WeightVersions' rule: it gets no work until
+    brought up to date; None: not judged, e.g. while the run starts) or "healthy"."""
+    if member.leaving:
+        return "leaving"
+    if now - member.last_seen > 2 * heartbeat_interval_s:
+        return "late"
+    if member.kind == "generator" and versions is not None and not versions.is_current(member.member_id):
+        return "stale_weights"
+    return "healthy"
+
+
+class Registry:
+    def __init__(self, log, heartbeat_interval_s: float = 1.0, timeout_s: float = 5.0):
+        self._log = log
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.timeout_s = timeout_s
+        self._members: dict[str, Member] = {}
+        self._drained: set[str] = set()  # left after draining: their calls finished on their side
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    def register(self, kind: str, address: str, *, model_fingerprint: str = "", capacity: int = 0,
+                 tasks: tuple[str, ...] = (), pid: int = 0, shares_trainer_weights: bool = False) -> str:
+        with self._lock:
+            # The same server came back (e.g. re-registering). One server may hold two kinds
+            # (a trainer serving generation), so only a member of the same kind is replaced.
+            for old in [m for m in self._members.values() if m.address == address and m.kind == kind]:
+                del self._members[old.member_id]
+            member = Member(f"{kind}-{uuid.uuid4().hex[:8]}", kind, address, model_fingerprint, capacity,
+                            tuple(tasks), pid, shares_trainer_weights)
+            self._members[member.member_id] = member
+            self._changed.notify_all()
+        self._log.info("member_joined", member_id=member.member_id, kind=kind, address=address,
+                       capacity=capacity, tasks=list(tasks))
+        return member.member_id
+
+    def heartbeat(self, member_id: str, num_inflight: int, weight_version: int) -> bool:
+        with self._lock:
+            member = self._members.get(member_id)
+            if member is None:
+                return False
+            self._members[member_id] = replace(member, num_inflight=num_inflight, weight_version=weight_version,
+                                               last_seen=time.monotonic())
+            return True
+
+    def deregister(self, member_id: str, *, draining: bool = False) -> None:
+        """The member leaves: at once, or (draining) once its work in flight is done: until
+        then it keeps heartbeating, gets no new work, and counts as `present`."""
+        with self._lock:
+            member = self._members.get(member_id)
+            if member is not None and draining:
+                self._members[member_id] = replace(member, leaving=True, last_seen=time.monotonic())
+            else:
+                self._members.pop(member_id, None)
+                if member is not None and member.leaving:
+                    self._drained.add(member_id)
+            self._changed.notify_all()
+        if member is not None:
+            self._log.info("member_leaving" if draining else "member_left", member_id=member_id, kind=member.kind,
+                           address=member.address, num_inflight=member.num_inflight)
+
+    def remove(self, member_id: str, reason: str) -> None:
+        """Drop a member the run loop found dead (e.g. its RPCs fail)."""
+        with self._lock:
+            member = self._members.pop(member_id, None)
+            self._changed.notify_all()
+        if member is not None:
+            self._log.warning("member_lost", member_id=member_id, kind=member.kind, address=member.address,
+                              reason=reason)
+
+    def live(self, kind: str | None = None) -> list[Member]:
+        """Members that may get new work (not leaving), sorted by member id."""
+        return [m for m in self.members(kind) if not m.leaving]
+
+    def members(self, kind: str | None = None) -> list[Member]:
+        """Every member still heard from, leaving ones included (what status shows)."""
+        now = time.monotonic()
+        expired = []
+        with self._lock:
+            for member in list(self._members.values()):
+                if now - member.last_seen > self.timeout_s:
+                    expired.append(self._members.pop(member.member_id))
+            alive = [m for m in self._members.values() if kind is None or m.kind == kind]
+        for member in expired:
+            self._log.warning("member_lost", member_id=member.member_id, kind=member.kind, address=member.address,
+                              reason=f"no heartbeat for {self.timeout_s:.0f}s", leaving=member.leaving)
+        return sorted(alive, key=lambda m: m.member_id)
+
+    def present(self, member_id: str) -> bool:
+        """Whether the member's calls in flight may still finish: it is there (live or draining),
+        or it left after draining (they finished on its side)."""
+        with self._lock:
+            if member_id in self._drained:
+                return True
+        return any(m.member_id == member_id for m in self.members())
+
+    def wait_for(self, ready, timeout_s: float, check=lambda: None) -> list[Member]:
+        """Block until ready(live members) is true; check() may raise (e.g. a child died)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            members = self.live()
+            if ready(members):
+                return members
+            check()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"services did not register within {timeout_s:.0f}s; live: "
+                                   f"{[(m.kind, m.address) for m in members]}")
+            with self._lock:
+                self._changed.wait(min(remaining, 0.5))

@@ -1,0 +1,85 @@
+"""Typed handles on the live services, built from the membership registry.
+
+The coordinator talks to services only through their `client` modules; this is where the
+clients are made and cached per member, and where a member found dead is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.cluster.registry import Member, Registry
+from generator_svc.client import GeneratorClient
+from reward_svc.client import RewardClient
+from trainer_svc.client import TrainerClient
+
+
+@dataclass(frozen=True)
+class GeneratorHandle:
+    """A live generator as the loop sees it."""
+
+    member_id: str
+    client: GeneratorClient  # (or an in-process twin with the same methods, in unit tests)
+    capacity: int
+    shares_trainer_weights: bool = False
+    """Served by the trainer from its own weights: a publish reaches it without a transfer."""
+
+
+class Services:
+    def __init__(self, registry: Registry, token: str, log):
+        self._registry = registry
+        self._token = token
+        self._log = log
+        self._clients: dict[str, object] = {}
+
+    def _client(self, member: Member, factory):
+        client = self._clients.get(member.member_id)
+        if client is None:
+            client = self._clients[member.member_id] = factory(member.address, self._token)
+        return client
+
+    @property
+    def trainer(self) -> TrainerClient:
+        trainers = self._registry.live("trainer")
+        if not trainers:
+            raise RuntimeError("no live trainer")
+        return self._client(trainers[0], TrainerClient)
+
+    def all_generators(self) -> list[GeneratorHandle]:
+        """Every live generator, whatever weights it serves (the loop admits only current ones
+        to rollouts: coordinator/loop/context.py)."""
+        return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity, m.shares_trainer_weights)
+                for m in self._registry.live("generator")]
+
+    def forget(self, member_id: str) -> None:
+        """Close the cached client of a member that is gone."""
+        client = self._clients.pop(member_id, None)
+        if client is not None:
+            client.close()
+
+    def generator_present(self, member_id: str) -> bool:
+        """Still there, live or draining: its calls in flight may finish (coordinator/loop/rollout.py)."""
+        return self._registry.present(member_id)
+
+    def generator_failed(self, handle: GeneratorHandle, exc: Exception) -> None:
+        self._registry.remove(handle.member_id, reason=f"rpc failed: {exc}")
+        self.forget(handle.member_id)
+
+    def reward_clients(self) -> dict[str, RewardClient]:
+        """Task -> the client of the live reward service that serves it (looked up anew each call)."""
+        by_task: dict[str, RewardClient] = {}
+        for member in self._registry.live("reward"):  # sorted by member id: a task served twice takes one
+            for task in member.tasks:
+                by_task.setdefault(task, self._client(member, RewardClient))
+        return by_task
+
+    def reward_failed(self, client: RewardClient, exc: Exception) -> None:
+        for member_id, known in list(self._clients.items()):
+            if known is client:
+                self._registry.remove(member_id, reason=f"rpc failed: {exc}")
+                self._clients.pop(member_id).close()
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()

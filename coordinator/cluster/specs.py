@@ -1,0 +1,115 @@
+"""From the experiment config to the local service processes: each service gets only its
+own section, written as a settings JSON file that its entry point validates."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from coordinator.cluster.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
+from coordinator.cluster.registry import Member
+from coordinator.config import ExperimentConfig
+from coordinator.embedded.cache import cache_root
+from generator_svc.config import GeneratorSettings
+from reward_svc.config import RewardModelSettings, RewardSettings, ScoringSettings
+from trainer_svc.config import GenerationSettings, TrainerSettings
+
+
+def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
+    policy = cfg.policy
+    return TrainerSettings(
+        model_name=model_dir, seed=cfg.grpo.seed, dtype=policy.precision, optimizer=policy.optimizer.kwargs,
+        max_grad_norm=policy.max_grad_norm, dtensor_cfg=policy.dtensor_cfg, sequence_packing=policy.sequence_packing,
+        reward_model_cfg=policy.reward_model_cfg, megatron_cfg=policy.megatron_cfg, weight_sync_host=cfg.cluster.host,
+        generation=GenerationSettings(enabled=not policy.generation.backend.separate_services,
+                                      max_num_seqs=policy.generation.mcore_generation_config.max_num_seqs,
+                                      max_model_len=policy.max_total_sequence_length))
+
+
+def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:
+    generation = cfg.policy.generation
+    return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization"}),
+                             model_name=model_dir, dtype=cfg.policy.precision, seed=cfg.grpo.seed + index,
+                             scratch_dir=scratch, colocated=generation.colocated.enabled,
+                             gpu_memory_utilization=gpu_memory_utilization(cfg))
+
+
+def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
+    """Each generator's share of its GPU: the configured one, else 0.9 for dedicated generators
+    and 0.5 split between colocated ones (they share the trainer's rank-0 device)."""
+    configured = cfg.policy.generation.vllm_cfg.gpu_memory_utilization
+    if configured is not None:
+        return configured
+    return 0.5 / cfg.cluster.num_generators if cfg.policy.generation.colocated.enabled else 0.9
+
+
+def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
+    """env.<task> as the reward service's settings; a reward model left unset (scorer
+    reward_model) is the embedded tiny one, built once."""
+    env = cfg.env[task]
+    scoring = env.model_dump(include=set(ScoringSettings.model_fields))
+    if env.scorer.needs_model and env.reward_model.model_name is None:
+        from coordinator.embedded.reward_model import ensure_tiny_reward_model
+
+        scoring["reward_model"] = RewardModelSettings(**{**scoring["reward_model"],
+                                                         "model_name": str(ensure_tiny_reward_model(cache_root()))})
+    return RewardSettings(tasks={task: env.scorer}, **scoring)
+
+
+def scratch_root(run_dir: Path) -> Path:
+    """A short per-run scratch directory for the generators: vLLM puts unix sockets there,
+    whose paths are limited to ~107 bytes, so it cannot live under an arbitrary run dir."""
+    digest = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"tandem-{os.getuid()}" / digest
+
+
+def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
+               launcher: LocalLauncher) -> None:
+    """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators (none when
+    the trainer generates itself: policy.generation.backend megatron) and one reward service per task."""
+    settings_dir = run_dir / "services"
+    settings_dir.mkdir(parents=True, exist_ok=True)
+    common = ["--host", cfg.cluster.host, "--coordinator", coordinator]
+
+    def write(name: str, settings) -> str:
+        path = settings_dir / f"{name}.json"
+        path.write_text(settings.model_dump_json(indent=1))
+        return str(path)
+
+    launcher.start(ServiceSpec("trainer", torchrun_module(
+        "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
+        *common)))
+    if not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
+        return
+    for index in range(_num_generator_services(cfg)):
+        name = f"generator-{index}"
+        settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
+        launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
+                                   essential=False))  # a dead one's requests go to the others (rollout.py)
+    for task in (t for t, env in cfg.env.items() if not env.external):  # external: someone else serves it
+        name = f"reward-{task}"
+        launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
+                                                       write(name, reward_settings(cfg, task)), *common),
+                                   essential=False))  # swappable: its calls are retried (coordinator/loop/scoring.py)
+
+
+def _num_generator_services(cfg: ExperimentConfig) -> int:
+    """Generator services to launch or wait for: none when the trainer is the generator."""
+    return cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 0
+
+
+def all_registered(cfg: ExperimentConfig):
+    """Predicate over live members: the trainer, every generator (the trainer's own, with
+    policy.generation.backend megatron) and every task's reward service."""
+    generators = max(_num_generator_services(cfg), 1)
+
+    def ready(members: list[Member]) -> bool:
+        kinds = [m.kind for m in members]
+        tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
+        if not cfg.algorithm.uses_rollouts:
+            return "trainer" in kinds
+        return ("trainer" in kinds and kinds.count("generator") >= generators
+                and set(cfg.env) <= tasks)
+    return ready

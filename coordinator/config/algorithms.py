@@ -1,0 +1,99 @@
+"""The rollout loop's sections: `loss_fn.*` (the trainer's GRPO loss, whose schema is
+trainer_svc's `GrpoLossConfig`, plus the KL-in-reward switch the coordinator applies), `grpo.*`
+(GRPO and DAPO: advantages, dynamic sampling, overlong handling, validation) and `sft.*` (the
+warm start)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from coordinator.config.section import Section
+from trainer_svc.types import GrpoLossConfig
+
+
+class LossConfig(GrpoLossConfig):
+    """loss_fn: NeMo-RL's ClippedPGLossFn keys (trainer_svc.types.GrpoLossConfig) and use_kl_in_reward."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    use_kl_in_reward: bool = False
+    """Subtract reference_policy_kl_penalty x sequence KL from each reward instead of adding KL to the loss."""
+
+    @model_validator(mode="after")
+    def _kl_coefficient(self) -> LossConfig:
+        if self.use_kl_in_reward and not self.reference_policy_kl_penalty > 0:
+            raise ValueError("use_kl_in_reward needs reference_policy_kl_penalty > 0 (the KL coefficient)")
+        return self
+
+    def trainer_loss(self) -> GrpoLossConfig:
+        """The trainer's loss (no KL term in it when the KL goes into the reward)."""
+        fields = self.model_dump(exclude={"use_kl_in_reward"})
+        if self.use_kl_in_reward:
+            fields["reference_policy_kl_penalty"] = 0.0
+        return GrpoLossConfig(**fields)
+
+
+class AdvEstimatorConfig(Section):
+    """grpo.adv_estimator: how rewards become advantages (coordinator/loop/advantages.py)."""
+
+    name: Literal["grpo", "reinforce_plus_plus", "raw_reward"] = "grpo"
+    """grpo: group baseline (grpo.use_leave_one_out_baseline; RLOO without grpo.normalize_rewards) and
+    optional std normalisation; reinforce_plus_plus: group-mean baseline (minus_baseline), then
+    normalisation over the batch's tokens; raw_reward: the reward itself (plain REINFORCE)."""
+    minus_baseline: bool = True
+    """reinforce_plus_plus: subtract the group mean before the batch normalisation."""
+
+
+class RewardShapingConfig(Section):
+    """grpo.reward_shaping: DAPO's overlong penalty, linear over the last overlong_buffer_length
+    tokens of the budget: min(0, -(length - (max - buffer)) / buffer * penalty)."""
+
+    enabled: bool = False
+    overlong_buffer_length: int = Field(128, gt=0)
+    overlong_buffer_penalty: float = Field(1.0, ge=0)
+    max_response_length: int | None = Field(None, gt=0)
+    """Completion budget in tokens; null: policy.generation.max_new_tokens."""
+
+
+class GRPOConfig(Section):
+    num_prompts_per_step: int = Field(16, gt=0)
+    num_generations_per_prompt: int = Field(8, gt=1)
+    max_num_steps: int = Field(60, ge=0)
+    """GRPO steps; 0 skips GRPO."""
+    normalize_rewards: bool = True
+    """Divide advantages by the group's reward std."""
+    use_leave_one_out_baseline: bool = True
+    adv_estimator: AdvEstimatorConfig = AdvEstimatorConfig()
+    advantage_clip: float | None = Field(None, gt=0)
+    """Clamp advantages to [-advantage_clip, advantage_clip]; null: no clamp."""
+    use_dynamic_sampling: bool = False
+    """DAPO: drop prompt groups whose rewards all agree and draw more prompts until the batch is full."""
+    batch_multiplier: float = Field(1.0, ge=1)
+    """Dynamic sampling draws batch_multiplier x num_prompts_per_step prompts per generation round."""
+    dynamic_sampling_max_gen_batches: int = Field(10, ge=1)
+    """Generation rounds allowed to fill one batch before the step fails."""
+    overlong_filtering: bool = False
+    """Truncated completions get no loss (they still count in their group's baseline)."""
+    reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    val_period: int = Field(10, ge=0)
+    """Validate every this many steps (0: only at the start and the end)."""
+    val_at_start: bool = True
+    max_val_samples: int = Field(500, gt=0)
+    seed: int = 42
+
+
+class SFTConfig(Section):
+    max_num_steps: int = Field(2000, ge=0)
+    """Most SFT optimizer steps before GRPO (the warm start); 0 skips SFT."""
+    global_batch_size: int = Field(16, gt=0)
+    """Samples per SFT optimizer step."""
+    micro_batch_size: int = Field(64, gt=0)
+    lr: float | None = Field(1e-3, gt=0)
+    """Learning rate of the SFT phase (None: policy.optimizer.kwargs.lr)."""
+    val_period: int = Field(50, gt=0)
+    """Optimizer steps per trainer call; the held-out accuracy is checked after each."""
+    stop_at_accuracy: float | None = Field(0.45, gt=0, le=1)
+    """Stop the warm start once held-out accuracy reaches this (None: run max_num_steps)."""
+    seed: int = 7

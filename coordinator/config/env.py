@@ -1,0 +1,28 @@
+"""`env.<task>`: the reward service of one task. Its scoring settings are reward_svc's own
+(`ScoringSettings`, the schema the service validates); the coordinator adds what only it uses."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from reward_svc.config import Scorer, ScoringSettings
+
+
+class EnvConfig(ScoringSettings):
+    """One task's reward service. `reward_model.model_name` unset (scorer reward_model): the
+    embedded tiny reward model (coordinator/embedded/reward_model.py)."""
+
+    scorer: Scorer = Scorer.EXACT
+    """exact: first line equals the answer; math: math-verify; code: sandboxed test cases;
+    calculator: a multi-turn tool environment; reward_model: a sequence-classification model's
+    scalar (env.<task>.reward_model)."""
+    max_turns: int = Field(4, ge=1)
+    """Multi-turn scorers (calculator): most model turns per episode; then it ends, truncated."""
+    external: bool = False
+    """Served by a reward service that someone else starts (the Python API's reward_fn, or one you
+    run yourself with --coordinator): local launch starts none for this task and waits for one to register."""
+
+    @model_validator(mode="after")
+    def _scorer_settings(self) -> EnvConfig:
+        self._check_scorers({self.scorer})
+        return self

@@ -1,0 +1,96 @@
+"""The experiment configuration: one YAML file in NeMo-RL's schema. `ExperimentConfig` holds the
+sections (policy.py, algorithms.py, preference.py, data.py, env.py, run.py) and the rules that
+span several of them; loading.py parses files and overrides into it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from pydantic import Field, model_validator
+
+from coordinator.config.algorithms import GRPOConfig, LossConfig, SFTConfig
+from coordinator.config.data import DataConfig
+from coordinator.config.env import EnvConfig
+from coordinator.config.policy import PolicyConfig
+from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
+from coordinator.config.run import CheckpointingConfig, ClusterConfig, LoggerConfig
+from coordinator.config.section import Section
+from trainer_svc.config import TrainingBackend
+
+
+class ExperimentConfig(Section):
+    policy: PolicyConfig = PolicyConfig()
+    loss_fn: LossConfig = LossConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    sft: SFTConfig = SFTConfig()
+    data: DataConfig = DataConfig()
+    env: dict[str, EnvConfig] = Field(default_factory=lambda: {"arithmetic": EnvConfig()})
+    cluster: ClusterConfig = ClusterConfig()
+    checkpointing: CheckpointingConfig = CheckpointingConfig()
+    logger: LoggerConfig = LoggerConfig()
+    dpo: DPOConfig | None = None
+    """DPO on preference pairs (coordinator/config/preference.py); its presence makes the run DPO."""
+    rm: RMConfig | None = None
+    """Reward-model training on preference pairs; its presence makes the run RM."""
+    algorithm: Algorithm | None = Field(None, exclude=True)
+    """Resolved from the dpo / rm sections at load; not a key to set."""
+
+    @model_validator(mode="after")
+    def _resolve_algorithm(self) -> ExperimentConfig:
+        if self.algorithm is not None:
+            raise ValueError("algorithm is derived from the dpo / rm sections; remove it")
+        object.__setattr__(self, "algorithm", resolve_algorithm(self.dpo, self.rm, self.policy.reward_model_cfg,
+                                                                self.data.dataset_name))
+        if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
+            raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
+                             f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
+        if not self.algorithm.uses_rollouts and self.policy.backend is TrainingBackend.MEGATRON:
+            raise ValueError(f"{self.algorithm.value} runs train on the DTensor backend only for now; set "
+                             "policy.megatron_cfg.enabled=false (and policy.dtensor_cfg.enabled=true)")
+        if not self.algorithm.uses_rollouts and self.policy.sequence_packing.enabled:
+            raise ValueError(f"policy.sequence_packing.enabled is not supported for {self.algorithm.value} runs "
+                             "(packing regroups samples and would split (chosen, rejected) pairs); set it to false")
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        samples = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+        if self.algorithm.uses_rollouts and self.grpo.max_num_steps and samples % self.policy.train_global_batch_size:
+            raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size}) must divide "
+                             f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples})")
+        if not self.policy.generation.backend.separate_services and self.cluster.num_generators != 1:
+            warnings.warn("cluster.num_generators is ignored with policy.generation.backend=megatron: the trainer "
+                          "is the one generator", stacklevel=2)
+        if self.data.default_task not in self.env:
+            raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_layout(self) -> ExperimentConfig:
+        dtensor, ranks = self.policy.dtensor_cfg, self.cluster.trainer_ranks
+        if ranks % dtensor.tensor_parallel_size:
+            raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size ({dtensor.tensor_parallel_size}) must divide "
+                             f"cluster.trainer_ranks ({ranks})")
+        return self
+
+    @model_validator(mode="after")
+    def _colocated_memory(self) -> ExperimentConfig:
+        generation = self.policy.generation
+        share = generation.vllm_cfg.gpu_memory_utilization
+        if generation.colocated.enabled and share is not None and share * self.cluster.num_generators >= 1:
+            raise ValueError(f"policy.generation.vllm_cfg.gpu_memory_utilization ({share}) x cluster.num_generators "
+                             f"({self.cluster.num_generators}) leaves nothing of the GPU that colocated generators "
+                             "share with the trainer's rank 0; lower it (unset: 0.5 split between the generators) or "
+                             "set policy.generation.colocated.enabled=false")
+        return self
+
+    @model_validator(mode="after")
+    def _dapo_consistent(self) -> ExperimentConfig:
+        shaping = self.grpo.reward_shaping
+        budget = shaping.max_response_length or self.policy.generation.max_new_tokens
+        if shaping.enabled and shaping.overlong_buffer_length > budget:
+            raise ValueError(f"grpo.reward_shaping.overlong_buffer_length ({shaping.overlong_buffer_length}) must not "
+                             f"exceed the completion budget ({budget}, grpo.reward_shaping.max_response_length or "
+                             "policy.generation.max_new_tokens)")
+        return self

@@ -1,0 +1,54 @@
+"""`cluster.*`, `checkpointing.*`, `logger.*`: where the run's services run, and what it keeps."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from coordinator.config.section import Section
+
+
+class ClusterConfig(Section):
+    num_nodes: int = Field(1, ge=1)
+    """Nodes of the cluster (NeMo-RL's key; local runs use this host)."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node (NeMo-RL's key; 0 on CPU machines)."""
+    trainer_ranks: int = Field(2, ge=1)
+    """torchrun processes of the trainer (local mode)."""
+    num_generators: int = Field(1, ge=1)
+    """Generator services to launch (local mode), or to wait for before starting (external); more may join later."""
+    host: str = "127.0.0.1"
+    """Address services bind and advertise."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of the coordinator's membership server (0: any free port; launch: external wants a fixed one)."""
+    launch: Literal["local", "external"] = "local"
+    """local: start every service as a child process. external: start none (docker compose, several
+    hosts): wait for a trainer, num_generators generators and every task's reward service to register."""
+    startup_timeout_s: float = Field(300, gt=0)
+    """How long the run waits for its services to register."""
+    max_trainer_restarts: int = Field(2, ge=0)
+    """Times a trainer that dies during GRPO is relaunched (local mode), the run resuming from its
+    last checkpoint; one more death stops the run."""
+
+
+class CheckpointingConfig(Section):
+    enabled: bool = True
+    """Write loop checkpoints (trainer shards + coordinator state) during GRPO."""
+    checkpoint_dir: str | None = None
+    """Default: <run dir>/checkpoints."""
+    save_period: int = Field(20, gt=0)
+    """GRPO steps between checkpoints."""
+    keep_top_k: int = Field(2, ge=1)
+    """Checkpoints kept (the newest)."""
+
+
+class LoggerConfig(Section):
+    log_dir: str = "runs"
+    """Each run writes into <log_dir>/<run name>/."""
+    run_name: str | None = None
+    """Default: the start time and a random suffix."""
+    tensorboard_enabled: bool = True
+    """Write the metrics for TensorBoard too."""
+    plot_enabled: bool = True
+    """Draw curves.png at the end of the run."""

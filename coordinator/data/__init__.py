@@ -1,0 +1,1 @@
+"""Datasets the loop reads: prompt/answer examples, preference pairs, and the tokenizer."""

@@ -1,0 +1,73 @@
+"""What a step of any algorithm needs: config, services, tokens, data cursor, the weight
+publisher, and the generators' phases around the trainer's work (weights/phases.py).
+
+`LoopContext.connect` is the one place that wires them over live services, as every run
+(and every integration test) uses them: the transport of weights and the sleep policy are
+decided there, once, from the config and the trainer's device kind; rollouts only get
+generators serving the published version; dead generators are dropped from membership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from coordinator.cluster.services import GeneratorHandle, Services
+from coordinator.cluster.versions import WeightVersions
+from coordinator.config import ExperimentConfig
+from coordinator.data.examples import Example, PromptCursor
+from coordinator.data.tokens import Tokens
+from coordinator.loop.scoring import RewardRouter
+from coordinator.loop.weights.phases import GeneratorPhases
+from coordinator.loop.weights.publisher import WeightPublisher
+from coordinator.loop.weights.transports import PublishReport, build_transport
+from tandem.colocation import resolve_colocation
+
+
+@dataclass
+class LoopContext:
+    cfg: ExperimentConfig
+    services: Services
+    tokens: Tokens
+    cursor: PromptCursor
+    publisher: WeightPublisher
+    log: object
+    phases: GeneratorPhases
+
+    @classmethod
+    def connect(cls, cfg: ExperimentConfig, services: Services, tokens: Tokens, examples: list[Example], seed: int,
+                log, *, op_timeout_s: float = 30.0, versions: WeightVersions | None = None) -> LoopContext:
+        """The loop's context over live services. `versions`: the run's weight versions (kept
+        across trainer restarts, shown by `tandem status`); default a fresh one."""
+        info = services.trainer.info()
+        colocation = resolve_colocation(cfg.policy.generation.colocated.enabled, info.device_type)
+        log.info("colocation", transport=colocation.transport.value, sleeps=colocation.sleeps,
+                 device_type=info.device_type)
+        transport = build_transport(colocation.transport, services.trainer, info.bucket_plan,
+                                    info.weight_sync_store_address, log, op_timeout_s=op_timeout_s)
+        publisher = WeightPublisher(services.trainer, transport, log, versions=versions,
+                                    on_dead=services.generator_failed)
+        phases = GeneratorPhases(colocation, log, on_dead=services.generator_failed)
+        return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log, phases)
+
+    def generators(self) -> list[GeneratorHandle]:
+        """The live generators that may get work: those serving the published version (stale ones
+        are brought up to date first where possible)."""
+        return self.publisher.admit(self.services.all_generators())
+
+    def rewards(self) -> RewardRouter:
+        """Routes by task to the live reward services, looked up again before every call (so a
+        swapped service takes over at once), retrying a dead one's calls (loop/scoring.py)."""
+        return RewardRouter(self.services.reward_clients(), refresh=self.services.reward_clients,
+                            on_failure=self.services.reward_failed, log=self.log)
+
+    def release_generators(self) -> None:
+        """The rollouts are done and the trainer's work begins: colocated GPU generators sleep."""
+        self.phases.release(self.services.all_generators())
+
+    def publish(self, generators: Sequence[GeneratorHandle] | None = None, *,
+                version: int | None = None) -> PublishReport:
+        """Publish the trainer's weights to `generators` (default: every live one) as `version`
+        (default: the next), waking sleeping generators around it."""
+        targets = self.services.all_generators() if generators is None else list(generators)
+        return self.phases.publish(lambda: self.publisher.publish(targets, version=version))

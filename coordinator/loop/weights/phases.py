@@ -1,0 +1,87 @@
+"""What the loop does with the generators around the trainer's work, by colocation
+(tandem.colocation decides it once, from colocated.enabled and the trainer's device kind).
+
+Dedicated generators and colocated ones on CPU: nothing; the step is rollouts -> train -> publish.
+Colocated generators on GPUs share the device with the trainer, so they sleep while it works:
+
+    rollouts -> sleep (level 1: weights to host memory, KV cache dropped)
+             -> trainer: logprobs, train
+             -> wake weights -> publish (CUDA IPC) -> wake KV cache -> next rollouts
+
+A generator refuses Generate while anything of it sleeps, so a rollout can only follow a
+publish. A generator that cannot be reached while being put to sleep or woken is reported
+through `on_dead` (the registry drops it) and the others go on; any other refusal is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from tandem.colocation import SLEEP_LEVEL, Colocation
+from tandem.rpc import RpcFailure
+
+R = TypeVar("R")
+
+
+class GeneratorPhases:
+    """Sleep and wake of colocated GPU generators, tracked by member id; a no-op otherwise."""
+
+    def __init__(self, colocation: Colocation, log, on_dead: Callable[[object, Exception], None] | None = None):
+        self.colocation = colocation
+        self._log = log
+        self._on_dead = on_dead
+        self._asleep: dict[str, object] = {}  # member_id -> GeneratorHandle
+
+    @property
+    def asleep(self) -> list[str]:
+        """Member ids of the generators put to sleep and not woken yet."""
+        return sorted(self._asleep)
+
+    def release(self, generators: Sequence) -> None:
+        """After the rollouts: free the generators' device memory for the trainer (GPUs only)."""
+        if not self.colocation.sleeps:
+            return
+        for handle in generators:
+            if handle.member_id in self._asleep:
+                continue
+            if self._call(handle, lambda h: h.client.sleep(SLEEP_LEVEL), raise_errors=True):
+                self._asleep[handle.member_id] = handle
+        self._log.info("generators_asleep", generators=self.asleep, level=SLEEP_LEVEL)
+
+    def publish(self, publish: Callable[[], R]) -> R:
+        """Run `publish` with the sleeping generators' weights awake, then wake their KV cache
+        (whether or not the publish succeeded: a stale generator is kept out of rollouts by
+        admission, not by sleeping)."""
+        sleeping, self._asleep = list(self._asleep.values()), {}
+        try:
+            for handle in sleeping:
+                self._call(handle, lambda h: h.client.wake_up(["weights"]), raise_errors=True)
+            result = publish()
+        except BaseException:
+            self._wake_kv_cache(sleeping, raise_errors=False)  # the publish's own error is the one to see
+            raise
+        self._wake_kv_cache(sleeping, raise_errors=True)
+        return result
+
+    def _wake_kv_cache(self, handles: list, raise_errors: bool) -> None:
+        for handle in handles:
+            self._call(handle, lambda h: h.client.wake_up(["kv_cache"]), raise_errors=raise_errors)
+        if handles:
+            self._log.info("generators_awake", generators=sorted(h.member_id for h in handles))
+
+    def _call(self, handle, fn: Callable, raise_errors: bool) -> bool:
+        """Whether `fn(handle)` succeeded; an unreachable generator is reported through on_dead."""
+        try:
+            fn(handle)
+            return True
+        except RpcFailure as exc:
+            self._log.warning("generator_sleep_wake_failed", member_id=handle.member_id, code=exc.status.name,
+                              error=exc.details)
+            if exc.status.unreachable:
+                if self._on_dead is not None:
+                    self._on_dead(handle, exc)
+                return False
+            if raise_errors:
+                raise
+            return False

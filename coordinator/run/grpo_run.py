@@ -1,0 +1,233 @@
+"""A whole run in local mode: prepare the model and data, launch every service, SFT-warm,
+GRPO, validate, and write the summary, plot and checkpoints. Every service it started is
+stopped at the end, on an error and on Ctrl-C.
+
+Restarts. A trainer that dies during GRPO (its process exits, or it stops answering) is
+relaunched, up to cluster.max_trainer_restarts times; the loop goes back to the last
+complete checkpoint (trainer state, cursor, metrics, RNG) and publishes the restored
+weights as a new version to the generators, which kept running. A coordinator that dies
+is resumed by running it again on the same run (`--resume`, or automatically when the run
+has a checkpoint and did not finish): it serves on the same address, the services that
+outlived it re-register and are adopted (coordinator/cluster/local.py), and the loop resumes
+from the last checkpoint in the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from coordinator.algorithms.grpo import grpo_step
+from coordinator.algorithms.sft import sft_steps
+from coordinator.cluster.local import HostedService, LocalCluster
+from coordinator.cluster.recovery import trainer_dead
+from coordinator.cluster.services import Services
+from coordinator.config import ExperimentConfig
+from coordinator.data.examples import PromptCursor, read_jsonl
+from coordinator.data.tokens import Tokens
+from coordinator.loop.context import LoopContext
+from coordinator.loop.scoring import check_tasks_configured
+from coordinator.loop.validation import validate
+from coordinator.run import checkpoint
+from coordinator.run import resume as resuming
+from coordinator.run.base import RunBase
+from coordinator.run.metrics import plot_curves
+from coordinator.run.paths import prepare_inputs
+from tandem.rpc import RpcFailure
+
+
+class Run(RunBase):
+    """The rollout loop: SFT warm start, GRPO/DAPO, validation, checkpoints, restarts."""
+
+    def __init__(self, cfg: ExperimentConfig, console: Console | None = None, resume: bool | None = False,
+                 hosted: Sequence[HostedService] = ()):
+        """resume: True continues logger.run_name from its latest checkpoint (NothingToResume if
+        there is none); None does so only if that run has a checkpoint and did not finish."""
+        self.resume_from = (resuming.find_for(cfg) if resume  # raises NothingToResume
+                            else resuming.find_unfinished(cfg) if resume is None else None)
+        super().__init__(cfg, console, hosted)
+        self.accuracy_before: float | None = None
+        self.sft_steps = 0
+
+    def execute(self) -> dict:
+        cfg = self.cfg
+        self._begin("Tandem run")
+        model_dir, train_path, val_path = prepare_inputs(cfg)
+        check_tasks_configured({str(p): {e.task for e in read_jsonl(p, cfg.data)} for p in (train_path, val_path) if p},
+                               set(cfg.env))  # before any service starts
+        with self._services(model_dir, "services (trainer, generators, rewards)",
+                            adopt=self.resume_from is not None) as (services, cluster):
+            summary = self._phases(services, model_dir, train_path, val_path, cluster)
+        return self._finish(summary)
+
+    def _phases(self, services: Services, model_dir: str, train_path: Path, val_path: Path | None,
+                cluster: LocalCluster) -> dict:
+        cfg, log, check_alive = self.cfg, self.log, cluster.launcher.check
+        tokens = Tokens(model_dir)
+        train = read_jsonl(train_path, cfg.data)
+        val = read_jsonl(val_path, cfg.data)[: cfg.grpo.max_val_samples] if val_path else []
+        ctx = LoopContext.connect(cfg, services, tokens, train, cfg.sft.seed, log, versions=self.status.versions)
+        resumed = self._resume(ctx) if self.resume_from is not None else None
+
+        summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
+        clock = time.perf_counter()
+        accuracy_start = self._warm_start(ctx, val, check_alive) if cfg.sft.max_num_steps and not resumed else None
+        self.timings["sft_s"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        if resumed is not None:
+            accuracy_start = resumed.accuracy_before
+        elif accuracy_start is None and val:
+            ctx.publish()
+            accuracy_start = self._validate(ctx, val, step=0)
+        elif accuracy_start is not None:
+            self.metrics.log("val", 0, {"accuracy": accuracy_start})  # GRPO's starting point, for the plot
+        summary["accuracy_before"] = self.accuracy_before = accuracy_start
+        ctx.cursor = PromptCursor(train, cfg.grpo.seed)
+        if resumed is not None:
+            ctx.cursor.load_state(resumed.cursor)
+        if cfg.grpo.max_num_steps:
+            self._grpo(ctx, train, val, cluster, first_step=resumed.step + 1 if resumed else 1)
+        accuracy_end = self._validate(ctx, val, step=cfg.grpo.max_num_steps) if val else None
+        self.timings["grpo_s"] = time.perf_counter() - clock
+        summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
+                       samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
+                       weight_version=ctx.publisher.version)
+        if cfg.logger.plot_enabled:
+            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png"))
+        return summary
+
+    def _grpo(self, ctx: LoopContext, train, val, cluster: LocalCluster, first_step: int) -> None:
+        """The GRPO steps; a trainer that dies is relaunched and the loop resumes from the last
+        checkpoint (at most cluster.max_trainer_restarts times)."""
+        cfg = self.cfg
+
+        def step_fn(step: int) -> dict:
+            metrics = grpo_step(ctx, step)
+            if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
+                metrics["val_accuracy"] = self._validate(ctx, val, step)
+            if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
+                self._checkpoint(ctx, step, metrics)
+            return metrics
+
+        restarts = 0
+        while True:
+            try:
+                self._loop("grpo", cfg.grpo.max_num_steps, step_fn, cluster.launcher.check, first_step=first_step)
+                return
+            except Exception as exc:
+                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher):
+                    raise
+                restarts += 1
+                first_step = self._restart_trainer(ctx, train, cluster, exc) + 1
+
+    def _restart_trainer(self, ctx: LoopContext, train, cluster: LocalCluster, exc: Exception) -> int:
+        """Relaunch the dead trainer, load the last checkpoint into it, publish the restored
+        weights as a new version; returns the checkpoint's step."""
+        root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
+        self.log.warning("trainer_dead", error=f"{type(exc).__name__}: {exc}"[:500])
+        if checkpoint.latest(root) is None:
+            raise RuntimeError(f"the trainer died before the run's first checkpoint (under {root}); nothing to "
+                               f"resume from: lower checkpointing.save_period or restart the run") from exc
+        self.console.print("[yellow]the trainer died: relaunching it and resuming from the last checkpoint[/]")
+        self.status.update(phase="recovering")
+        started = time.perf_counter()
+        cluster.restart_trainer()
+        relaunched = time.perf_counter() - started
+        fresh = LoopContext.connect(self.cfg, ctx.services, ctx.tokens, train, self.cfg.grpo.seed, self.log,
+                                    versions=self.status.versions)
+        ctx.publisher = fresh.publisher  # the new trainer hosts a new weight-sync store
+        state = self._restore(ctx, *resuming.find(root), train)
+        self.timings["trainer_restart_s"] = self.timings.get("trainer_restart_s", 0.0) + time.perf_counter() - started
+        self.log.info("trainer_restarted", step=state.step, weight_version=ctx.publisher.version,
+                      relaunch_s=round(relaunched, 3), restart_to_resume_s=round(time.perf_counter() - started, 3))
+        return state.step
+
+    def _warm_start(self, ctx: LoopContext, val, check_alive) -> float | None:
+        """SFT in calls of sft.val_period steps; after each, publish and check held-out
+        accuracy, stopping once it reaches sft.stop_at_accuracy. Returns the last accuracy."""
+        cfg = self.cfg.sft
+        done, accuracy = 0, None
+        chunks = -(-cfg.max_num_steps // cfg.val_period)
+
+        def chunk(_: int) -> dict:
+            nonlocal done, accuracy
+            size = min(cfg.val_period, cfg.max_num_steps - done)
+            metrics = sft_steps(ctx, size)
+            done += size
+            ctx.publish()
+            if val:
+                accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=0, phase="sft_val")
+            metrics["sft_steps"] = float(done)
+            metrics["weight_version"] = float(ctx.publisher.version)
+            return metrics
+
+        def finished(metrics: dict) -> bool:
+            return cfg.stop_at_accuracy is not None and metrics.get("val_accuracy", 0.0) >= cfg.stop_at_accuracy
+
+        self._loop("sft", chunks, chunk, check_alive, stop=finished)
+        self.sft_steps = done
+        self.log.info("warm_start_done", sft_steps=done, accuracy=accuracy)
+        return accuracy
+
+    def _validate(self, ctx: LoopContext, val, step: int, phase: str = "val") -> float:
+        self.status.update(phase="validate")
+        result = validate(ctx, val, self.cfg.policy.generation.max_new_tokens)
+        self.metrics.log(phase, step, result)
+        self.log.info("validation", step=step, **result)
+        return result["accuracy"]
+
+    def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float]) -> None:
+        root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
+        row = {"phase": "grpo", "step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        state = resuming.LoopState(step=step, weight_version=ctx.publisher.version, cursor=ctx.cursor.state(),
+                                   metrics=[*self.metrics.history, row],  # this step's row is logged after
+                                   sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
+                                   rng=resuming.capture_rng())
+        started = time.perf_counter()
+        checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log)
+        self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + time.perf_counter() - started
+
+    def _resume(self, ctx: LoopContext) -> resuming.LoopState:
+        """Continue from the checkpoint found at start (see _restore)."""
+        started = time.perf_counter()
+        state = self._restore(ctx, *self.resume_from)
+        self.timings["resume_s"] = time.perf_counter() - started
+        self.console.print(f"resumed from {self.resume_from[0]} (GRPO step {state.step}, "
+                           f"weight version {ctx.publisher.version})")
+        return state
+
+    def _restore(self, ctx: LoopContext, path: Path, state: resuming.LoopState, train=None) -> resuming.LoopState:
+        """Load the checkpoint into the trainer, restore the loop's state (and, given the
+        training set, its cursor), and publish the restored weights: under the checkpoint's
+        version, or a newer one if a generator already serves a later version (it outlived
+        the trainer or the coordinator)."""
+        started = time.perf_counter()
+        ctx.services.trainer.load_checkpoint(str((path / "trainer").resolve()))
+        generators = ctx.services.all_generators()
+        version = resuming.resume_version(state.weight_version, [ctx.publisher.version, *_served(generators)])
+        ctx.publish(generators, version=version)
+        self.metrics.history = list(state.metrics)
+        resuming.rewrite_metrics(self.metrics.path, state.metrics)
+        resuming.restore_rng(state.rng)
+        self.sft_steps = state.sft_steps
+        if train is not None:
+            ctx.cursor = PromptCursor(train, self.cfg.grpo.seed)
+            ctx.cursor.load_state(state.cursor)
+        self.status.update(phase="grpo", step=state.step)
+        self.log.info("resumed", path=str(path), step=state.step, checkpoint_weight_version=state.weight_version,
+                      weight_version=version, seconds=round(time.perf_counter() - started, 3))
+        return state
+
+
+def _served(generators) -> list[int]:
+    """The weight versions the generators serve (those that do not answer are skipped)."""
+    versions = []
+    for g in generators:
+        try:
+            versions.append(g.client.info(timeout_s=5.0).weight_version)
+        except RpcFailure:
+            pass
+    return versions

@@ -1,0 +1,114 @@
+"""Exact resume: the coordinator's half of a loop checkpoint, and picking a run up from it.
+
+The coordinator's state (`coordinator.json` beside the trainer's DCP shards) holds what the
+steps after a resume depend on: the step, the weight version the generators served, the
+GRPO cursor, the metric history, the phase (the warm start is done once GRPO checkpoints)
+and the coordinator's RNG. Everything else the loop draws is a function of (seed, step):
+sampling seeds, the cursor's shuffles. So with the trainer's model, optimizer and RNG
+restored, the steps after a resume repeat those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from coordinator.run import checkpoint
+
+
+class NothingToResume(ValueError):
+    """`--resume` was asked for a run that has no complete checkpoint."""
+
+
+@dataclass
+class LoopState:
+    step: int
+    weight_version: int
+    cursor: dict[str, int]
+    metrics: list[dict] = field(default_factory=list)
+    phase: str = "grpo"
+    sft_steps: int = 0
+    accuracy_before: float | None = None
+    rng: dict[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> LoopState:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def capture_rng() -> dict[str, object]:
+    """The coordinator process's RNG (Python's and torch's CPU generator), JSON-safe."""
+    version, state, gauss = random.getstate()
+    return {"python": [version, list(state), gauss],
+            "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+
+
+def restore_rng(rng: dict[str, object]) -> None:
+    if "python" in rng:
+        version, state, gauss = rng["python"]
+        random.setstate((version, tuple(state), gauss))
+    if "torch" in rng:
+        raw = base64.b64decode(rng["torch"])
+        torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+
+def checkpoint_root(checkpoint_dir: str | None, run_dir: Path) -> Path:
+    return Path(checkpoint_dir) if checkpoint_dir else run_dir / "checkpoints"
+
+
+def find(root: Path) -> tuple[Path, LoopState]:
+    """The latest complete checkpoint under root and its loop state, or NothingToResume."""
+    path = checkpoint.latest(root)
+    if path is None:
+        raise NothingToResume(f"nothing to resume: no complete checkpoint under {root} (a run checkpoints every "
+                              "checkpointing.save_period GRPO steps; start it without --resume)")
+    return path, LoopState.from_json(json.loads((path / "coordinator.json").read_text()))
+
+
+def rewrite_metrics(path: Path, history: list[dict]) -> None:
+    """Make metrics.jsonl hold exactly the checkpoint's history (rows logged after the
+    checkpoint by the interrupted run are dropped: the resumed run logs those steps again)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in history))
+    os.replace(tmp, path)
+
+
+def find_for(cfg) -> tuple[Path, LoopState]:
+    """The checkpoint `tandem run --resume` continues from: the run is named by logger.run_name."""
+    if not cfg.logger.run_name:
+        raise NothingToResume("--resume needs logger.run_name: the run to resume is <logger.log_dir>/<run_name>")
+    run_dir = Path(cfg.logger.log_dir).resolve() / cfg.logger.run_name
+    return find(checkpoint_root(cfg.checkpointing.checkpoint_dir, run_dir))
+
+
+def find_unfinished(cfg) -> tuple[Path, LoopState] | None:
+    """Automatic resume: the latest checkpoint of logger.run_name if that run has one and did
+    not finish (no summary.json), else None (a fresh run)."""
+    if not cfg.logger.run_name:
+        return None
+    run_dir = Path(cfg.logger.log_dir).resolve() / cfg.logger.run_name
+    if (run_dir / "summary.json").is_file():
+        return None
+    try:
+        return find(checkpoint_root(cfg.checkpointing.checkpoint_dir, run_dir))
+    except NothingToResume:
+        return None
+
+
+def resume_version(checkpoint_version: int, served: Iterable[int]) -> int:
+    """The version to publish a checkpoint's weights under: the checkpoint's own (so a resumed
+    run repeats an uninterrupted one), unless something already serves or published a later
+    version (generators that outlived the trainer or the coordinator refuse older versions):
+    then the next version after it."""
+    newest = max(served, default=checkpoint_version)
+    return checkpoint_version if newest <= checkpoint_version else newest + 1

@@ -1,0 +1,178 @@
+"""Settings of the trainer service (`--settings trainer.json`), validated once at start.
+
+Field names follow NeMo-RL's `policy.*` keys where one exists (`model_name`,
+`max_grad_norm`, `optimizer`, `dtensor_cfg.*`, `megatron_cfg.*` in megatron.py). Unknown keys
+are errors. This is the one schema of these sections: the coordinator's `policy.*` config uses
+these classes as its own, so a key has one meaning and one default wherever it is read.
+"""
+
+from __future__ import annotations
+
+import warnings
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainer_svc.config.megatron import MegatronSettings  # pydantic only: no torch, no megatron
+
+
+class TrainingBackend(str, Enum):
+    """The training backend, resolved once where settings are loaded (`resolve_backend`)."""
+
+    DTENSOR = "dtensor"
+    MEGATRON = "megatron"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class OptimizerSettings(_Strict):
+    """AdamW hyperparameters (no schedule: the learning rate is constant)."""
+
+    lr: float = Field(2e-4, gt=0)
+    """Learning rate; 5e-4 and above destabilise the embedded demo (benchmarks/calibrate_embedded.py)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam beta1, beta2."""
+    eps: float = Field(1e-8, gt=0)
+    """Adam epsilon."""
+
+
+class DTensorSettings(_Strict):
+    """The DTensor/FSDP2 backend (NeMo-RL's `policy.dtensor_cfg` keys): a (dp, tp) mesh over all
+    ranks; tensor parallel over "tp", every decoder layer and the root `fully_shard`ed over "dp"."""
+
+    enabled: bool = True
+    """Use this backend (megatron_cfg.enabled wins when both are set)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (non-reentrant)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Ranks that split each layer (heads, MLP width, vocabulary); must divide the world size."""
+    sequence_parallel: bool = False
+    """With tensor_parallel_size > 1: shard the residual stream and norms along the sequence."""
+    context_parallel_size: int = Field(1, ge=1)
+    """Only 1: context parallelism (ring attention) is not available in this backend."""
+    cpu_offload: bool = False
+    """Keep parameters, gradients and optimizer state in host memory between uses (FSDP2
+    CPUOffloadPolicy; the optimizer steps on the CPU). On a CPU-only machine nothing moves."""
+
+    @field_validator("context_parallel_size")
+    @classmethod
+    def _no_context_parallel(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("values > 1 are not supported: context parallelism needs ring attention over CUDA SDPA "
+                             "kernels, which neither this backend nor CPU/gloo provides; set it to 1 (use sequence "
+                             "packing or activation checkpointing for long sequences)")
+        return value
+
+    @model_validator(mode="after")
+    def _sequence_parallel_needs_tp(self) -> DTensorSettings:
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("dtensor_cfg.sequence_parallel needs tensor_parallel_size > 1; set it to false")
+        return self
+
+
+class SequencePackingSettings(_Strict):
+    """Pack each micro-batch's samples into one row (NeMo-RL's `policy.sequence_packing`):
+    micro-batches are then formed by token budget, not by micro_batch_size."""
+
+    enabled: bool = False
+    """Run the model on packed rows (block-diagonal causal attention, same losses and logprobs)."""
+    train_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens in one training micro-batch (a longer sample gets one alone)."""
+    logprob_mb_tokens: int = Field(2048, gt=0)
+    """Most tokens in one logprob micro-batch."""
+    algorithm: Literal["first_fit_decreasing", "concatenative"] = "first_fit_decreasing"
+    """How samples are grouped: longest first into the first bin with room, or in order."""
+
+
+class RewardModelTrainingSettings(_Strict):
+    """NeMo-RL's policy.reward_model_cfg: train a scalar-head reward model instead of a policy."""
+
+    enabled: bool = False
+    """Load model_name as a sequence classifier with one output (AutoModelForSequenceClassification,
+    num_labels=1; a causal-LM checkpoint gets a fresh score head) that trains only with the
+    Bradley-Terry loss; ExportHf then writes a checkpoint reward_svc's reward_model scorer serves."""
+    reward_model_type: Literal["bradley_terry"] = "bradley_terry"
+    """The preference model; Bradley-Terry is the only one."""
+
+
+class GenerationSettings(_Strict):
+    """Serve generation from the trainer's own model (the coordinator's policy.generation.backend:
+    megatron): rank 0 also serves `tandem.generator.v1.GeneratorService` and registers as a generator."""
+
+    enabled: bool = False
+    max_num_seqs: int = Field(256, gt=0)
+    """Sequences decoded at once (the capacity announced); a larger request runs in chunks."""
+    max_model_len: int = Field(64, gt=1)
+    """Longest prompt + completion admitted."""
+
+
+class TrainerSettings(_Strict):
+    """Everything the trainer needs; the token comes from the environment, never from here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True)
+
+    model_name: str
+    """Hugging Face checkpoint directory of the initial policy (also the reference policy)."""
+    seed: int = 42
+    """Seed of torch's RNG on every rank."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype. Parameters, gradients and optimizer state stay float32; bfloat16 runs
+    forward/backward in bfloat16 with float32 gradient reduction."""
+    optimizer: OptimizerSettings = OptimizerSettings()
+    """AdamW settings."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this; None disables clipping (the norm is still reported)."""
+    dtensor_cfg: DTensorSettings = DTensorSettings()
+    """DTensor/FSDP2 backend settings."""
+    reward_model_cfg: RewardModelTrainingSettings = RewardModelTrainingSettings()
+    """Reward-model training (a sequence classifier instead of a causal LM)."""
+    sequence_packing: SequencePackingSettings = SequencePackingSettings()
+    """Sequence packing of micro-batches."""
+    megatron_cfg: MegatronSettings = MegatronSettings()
+    """Megatron-core backend settings (NeMo-RL's `policy.megatron_cfg`)."""
+    weight_sync_host: str = "127.0.0.1"
+    """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
+    weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)
+    """Bytes per weight-sync bucket (one broadcast each)."""
+    weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype the generators receive; auto: the checkpoint's own dtype (config.json)."""
+    lockstep_timeout_s: float = Field(7 * 24 * 3600, gt=0)
+    """How long ranks other than 0 wait for the next command (time between RPCs)."""
+    generation: GenerationSettings = GenerationSettings()
+    """Generation served from the trainer's own model (Megatron backend only)."""
+
+    backend: TrainingBackend | None = Field(None, exclude=True)
+    """Resolved from dtensor_cfg.enabled / megatron_cfg.enabled at load (resolve_backend); not a key to set."""
+
+    @model_validator(mode="after")
+    def _backend_chosen(self) -> TrainerSettings:
+        object.__setattr__(self, "backend", resolve_backend(self.dtensor_cfg, self.megatron_cfg))
+        if self.generation.enabled and self.backend is not TrainingBackend.MEGATRON:
+            raise ValueError("generation.enabled serves generation from the Megatron model: set megatron_cfg.enabled=true")
+        return self
+
+
+def resolve_backend(dtensor: DTensorSettings, megatron: MegatronSettings, *, prefix: str = "") -> TrainingBackend:
+    """NeMo-RL's rule: Megatron when megatron_cfg.enabled (with a warning if DTensor is enabled
+    too), else DTensor when dtensor_cfg.enabled, else an error naming both keys (after `prefix`,
+    "policy." in an experiment config)."""
+    if megatron.enabled:
+        if dtensor.enabled:
+            warnings.warn(f"{prefix}megatron_cfg.enabled and {prefix}dtensor_cfg.enabled are both true: "
+                          "Megatron takes precedence", stacklevel=2)
+        return TrainingBackend.MEGATRON
+    if dtensor.enabled:
+        return TrainingBackend.DTENSOR
+    raise ValueError(f"no training backend enabled: set {prefix}dtensor_cfg.enabled=true or "
+                     f"{prefix}megatron_cfg.enabled=true")
+
+
+def load_settings(path: str | Path) -> TrainerSettings:
+    """Read and validate a settings JSON file; a pydantic ValidationError names the bad key."""
+    return TrainerSettings.model_validate_json(Path(path).read_text())
