@@ -37,6 +37,20 @@ class ExperimentConfig(Section):
     """Resolved from the dpo / rm sections at load; not a key to set."""
 
     @model_validator(mode="after")
+    def _resolve_trainer_ranks(self) -> ExperimentConfig:
+        if self.cluster.trainer_ranks is None:
+            cluster, policy = self.cluster, self.policy
+            if cluster.gpus_per_node:
+                ranks = cluster.gpus_per_node * cluster.num_nodes
+            elif policy.backend is TrainingBackend.MEGATRON:
+                ranks = (policy.megatron_cfg.tensor_model_parallel_size
+                         * policy.megatron_cfg.pipeline_model_parallel_size)
+            else:
+                ranks = policy.dtensor_cfg.tensor_parallel_size
+            object.__setattr__(cluster, "trainer_ranks", ranks)
+        return self
+
+    @model_validator(mode="after")
     def _resolve_algorithm(self) -> ExperimentConfig:
         if self.algorithm is not None:
             raise ValueError("algorithm is derived from the dpo / rm sections; remove it")
@@ -83,6 +97,22 @@ class ExperimentConfig(Section):
                              f"({self.cluster.num_generators}) leaves nothing of the GPU that colocated generators "
                              "share with the trainer's rank 0; lower it (unset: 0.5 split between the generators) or "
                              "set policy.generation.colocated.enabled=false")
+        return self
+
+    @model_validator(mode="after")
+    def _async_consistent(self) -> ExperimentConfig:
+        if not self.grpo.async_grpo.enabled:
+            return self
+        if not self.loss_fn.use_importance_sampling_correction:
+            raise ValueError("grpo.async_grpo.enabled trains on trajectories sampled by older weights: set "
+                             "loss_fn.use_importance_sampling_correction: true (it corrects for the difference)")
+        if self.policy.generation.colocated.enabled:
+            raise ValueError("grpo.async_grpo.enabled overlaps generation with training, which colocated generators "
+                             "cannot do (they sleep while the trainer trains): set "
+                             "policy.generation.colocated.enabled: false")
+        if not self.policy.generation.backend.separate_services:
+            raise ValueError("grpo.async_grpo.enabled needs generator services (the trainer cannot generate while it "
+                             "trains): set policy.generation.backend: vllm")
         return self
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from coordinator.algorithms.grpo import grpo_step
+from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import HostedService, LocalCluster
 from coordinator.cluster.recovery import trainer_dead
@@ -100,20 +100,22 @@ class Run(RunBase):
         return summary
 
     def _grpo(self, ctx: LoopContext, train, val, cluster: LocalCluster, first_step: int) -> None:
-        """The GRPO steps; a trainer that dies is relaunched and the loop resumes from the last
-        checkpoint (at most cluster.max_trainer_restarts times)."""
-        cfg = self.cfg
+        """The GRPO steps over the rollout pipeline (synchronous, or async within its age bound); a
+        trainer that dies is relaunched and the loop resumes from the last checkpoint (at most
+        cluster.max_trainer_restarts times)."""
+        cfg, rollouts = self.cfg, grpo_pipeline(ctx)
 
         def step_fn(step: int) -> dict:
-            metrics = grpo_step(ctx, step)
+            metrics = grpo_step(ctx, step, rollouts)
             if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
                 metrics["val_accuracy"] = self._validate(ctx, val, step)
             if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
-                self._checkpoint(ctx, step, metrics)
+                self._checkpoint(ctx, step, metrics, rollouts.cursor_after(step))
             return metrics
 
         restarts = 0
         while True:
+            rollouts.start(first_step, cfg.grpo.max_num_steps)
             try:
                 self._loop("grpo", cfg.grpo.max_num_steps, step_fn, cluster.launcher.check, first_step=first_step)
                 return
@@ -121,7 +123,10 @@ class Run(RunBase):
                 if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher):
                     raise
                 restarts += 1
+                rollouts.stop()
                 first_step = self._restart_trainer(ctx, train, cluster, exc) + 1
+            finally:
+                rollouts.stop()
 
     def _restart_trainer(self, ctx: LoopContext, train, cluster: LocalCluster, exc: Exception) -> int:
         """Relaunch the dead trainer, load the last checkpoint into it, publish the restored
@@ -179,10 +184,11 @@ class Run(RunBase):
         self.log.info("validation", step=step, **result)
         return result["accuracy"]
 
-    def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float]) -> None:
+    def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
+        """`cursor`: the data cursor after this step's prompts (later steps' may be drawn already)."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
         row = {"phase": "grpo", "step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
-        state = resuming.LoopState(step=step, weight_version=ctx.publisher.version, cursor=ctx.cursor.state(),
+        state = resuming.LoopState(step=step, weight_version=ctx.publisher.version, cursor=cursor,
                                    metrics=[*self.metrics.history, row],  # this step's row is logged after
                                    sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
                                    rng=resuming.capture_rng())

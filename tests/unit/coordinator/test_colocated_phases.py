@@ -112,10 +112,12 @@ class FakeServices:
 
 
 def _fake_collect(ctx, batch, prompts, sampling):
-    """Generation through every admitted generator, then fixed episodes (rewards with variance)."""
+    """Generation through every admitted generator, then fixed episodes (rewards with variance)
+    sampled by the published version (what the admitted generators serve)."""
     for handle in ctx.generators():
         list(handle.client.generate(prompts, sampling))
-    return [[Episode("t", [3, 4], [-1.0, -1.0], None, float(g), g > 0, "stop", 1) for g in range(2)]
+    version = ctx.publisher.version
+    return [[Episode("t", [3, 4], [-1.0, -1.0], None, float(g), g > 0, "stop", version) for g in range(2)]
             for _ in prompts]
 
 
