@@ -29,8 +29,7 @@ from coordinator.cluster.specs import all_registered, launch_all, scratch_root
 from coordinator.cluster.status import RunStatus
 from coordinator.config import ExperimentConfig
 
-CHILD_ENV = {
-    "OMP_NUM_THREADS": "1",  # one intra-op thread per rank/service: 2 cores are shared by all of them
+CHILD_ENV = {  # each service's threads: specs.service_threads
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
     "PYTHONUNBUFFERED": "1",
 }

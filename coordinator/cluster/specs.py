@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.cluster.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
@@ -78,21 +79,50 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         path.write_text(settings.model_dump_json(indent=1))
         return str(path)
 
+    threads = service_threads(cfg)
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
-        *common)))
+        *common), env=threads.env("trainer")))
     if not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
         return
     for index in range(_num_generator_services(cfg)):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
+                                   env=threads.env("generator"),
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
     for task in (t for t, env in cfg.env.items() if not env.external):  # external: someone else serves it
         name = f"reward-{task}"
         launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
                                                        write(name, reward_settings(cfg, task)), *common),
+                                   env=threads.env("reward"),
                                    essential=False))  # swappable: its calls are retried (coordinator/loop/scoring.py)
+
+
+@dataclass(frozen=True)
+class ServiceThreads:
+    """Intra-op threads of each local service process (OMP_NUM_THREADS)."""
+
+    trainer_rank: int
+    generator: int
+    reward: int = 1
+
+    def env(self, kind: str) -> dict[str, str]:
+        threads = {"trainer": self.trainer_rank, "generator": self.generator, "reward": self.reward}[kind]
+        return {"OMP_NUM_THREADS": str(threads)}
+
+
+def service_threads(cfg: ExperimentConfig, cores: int | None = None) -> ServiceThreads:
+    """cluster.threads_per_service, else this machine's cores shared out: in the synchronous step
+    rollouts and training take turns, so the trainer's ranks share all cores and so do the
+    generators; with async GRPO they run at once and each side gets half."""
+    if cfg.cluster.threads_per_service is not None:
+        return ServiceThreads(cfg.cluster.threads_per_service, cfg.cluster.threads_per_service)
+    cores = cores or len(os.sched_getaffinity(0))
+    generators = max(_num_generator_services(cfg), 1)
+    trainer_cores = cores // 2 if cfg.grpo.async_grpo.enabled and cores > 1 else cores
+    generator_cores = cores - trainer_cores if cfg.grpo.async_grpo.enabled and cores > 1 else cores
+    return ServiceThreads(max(1, trainer_cores // cfg.cluster.trainer_ranks), max(1, generator_cores // generators))
 
 
 def _num_generator_services(cfg: ExperimentConfig) -> int:

@@ -265,5 +265,6 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool]:
         max_num_seqs=settings.max_num_seqs, seed=settings.seed, enforce_eager=settings.enforce_eager,
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
+        distributed_executor_backend=settings.distributed_executor_backend,
         worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory)
     return AsyncLLM.from_engine_args(args), f"vllm {vllm.__version__}", memory.get("enable_sleep_mode", False)

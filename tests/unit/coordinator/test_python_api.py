@@ -52,7 +52,7 @@ def test_yaml_path_and_from_pretrained(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"tensor_parallel_size": 3}, r"tensor_parallel_size \(3\) must divide cluster.trainer_ranks \(2\)"),
+    ({"tensor_parallel_size": 3, "trainer_ranks": 2}, r"tensor_parallel_size \(3\) must divide cluster.trainer_ranks \(2\)"),
     ({"warp_speed": 9}, "unknown override 'warp_speed'"),
     ({"grpo__max_num_stepz": 3}, "unknown key grpo.max_num_stepz"),
     ({"grpo": 3}, "section grpo takes a dict"),
