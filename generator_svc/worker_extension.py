@@ -22,6 +22,7 @@ import json
 
 import torch
 
+from tandem.rpc import load_token
 from tandem.weight_sync import BucketPlan, GroupSpec, TensorSpec, WeightReceiver
 
 
@@ -51,7 +52,8 @@ class TandemWeightExtension:
         self._tandem_staged = None  # a previous, never-applied version is dropped
         receiver = getattr(self, "_tandem_receiver", None)
         if receiver is None:
-            receiver = self._tandem_receiver = WeightReceiver(device=torch.device(self.device))
+            # sealed with the run's token, which this vLLM worker process inherits from the service
+            receiver = self._tandem_receiver = WeightReceiver(device=torch.device(self.device), secret=load_token())
         staged = receiver.receive(group_from_json(group_json), rank, version, plan_from_json(plan_json))
         self._tandem_staged = (version, staged)
         return len(staged)
