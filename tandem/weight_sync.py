@@ -2,11 +2,15 @@
 torch.distributed process group of its own (gloo on CPU, NCCL on CUDA).
 
 How a transfer meets (see DESIGN.md, "Weight sync"):
-- Trainer rank 0 hosts a `TCPStore` (`WeightSender`). For each membership epoch the
-  coordinator announces a `GroupSpec`: store address, epoch, a random per-epoch secret and
-  the world size. Members build the group directly on `PrefixStore(f"{epoch}-{secret}")`,
-  so it never touches the trainer's default group, and a process that was not told the
-  secret cannot join it. Trainer rank 0 is group rank 0; generators take 1..N.
+- Trainer rank 0 hosts a `TCPStore` (`WeightSender`), listening on the host it is given
+  only (cluster.host: 127.0.0.1 on one host; the advertised address on several) and, with
+  the run's token as `secret` on both sides, sealed (tandem/stores.py): a client without the
+  token learns nothing from it and cannot plant values the members accept. For each
+  membership epoch the coordinator announces a `GroupSpec`: store address, epoch, a random
+  per-epoch secret and the world size. Members build the group directly on
+  `PrefixStore(f"{epoch}-{secret}")`, so it never touches the trainer's default group, and a
+  process that was not told the secret cannot join it. Trainer rank 0 is group rank 0;
+  generators take 1..N.
 - Weights travel as byte buckets laid out by a `BucketPlan` (HF names, shapes, dtypes,
   offsets), computed once per model and sent to receivers over gRPC. Each transfer starts
   with a header broadcast (version, bucket count, plan digest) that receivers check. The
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from tandem.stores import SealedStore, serve_store
 
 DEFAULT_BUCKET_BYTES = 256 << 20
 _ALIGN_BYTES = 64  # keeps every tensor's byte offset a multiple of any element size
@@ -191,16 +197,18 @@ class WeightSender:
     bucket fills while the previous one is on the wire (two buckets of buffer in all)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, device: torch.device | None = None,
-                 advertise_host: str | None = None):
-        self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=60))
+                 advertise_host: str | None = None, secret: str | None = None):
+        """The store listens on host:port alone; `secret` (the run's token; receivers pass the
+        same) seals it, None leaves it open to any client that reaches it (tests, benchmarks)."""
+        self._server = serve_store(host, port, timeout_s=60)
+        self._store = self._server if secret is None else SealedStore(self._server, secret, "weight-sync")
         self._advertise = advertise_host or host
         self._device = device or torch.device("cpu")
         self._group = _EpochGroup()
 
     @property
     def address(self) -> str:
-        return f"{self._advertise}:{self._store.port}"
+        return f"{self._advertise}:{self._server.port}"
 
     def send(self, spec: GroupSpec, version: int, plan: BucketPlan,
              tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -312,17 +320,19 @@ def _pack(buffer: torch.Tensor, spec: TensorSpec, tensor: torch.Tensor) -> None:
 class WeightReceiver:
     """A generator's side: joins the epoch's group and receives one version."""
 
-    def __init__(self, device: torch.device | None = None):
+    def __init__(self, device: torch.device | None = None, secret: str | None = None):
+        """`secret`: the run's token, as the sender's (None: an unsealed store)."""
         self._device = device or torch.device("cpu")
         self._group = _EpochGroup()
+        self._secret = secret
         self._store: dist.Store | None = None
         self._store_address: str | None = None
 
     def _store_for(self, spec: GroupSpec) -> dist.Store:
         if self._store is None or self._store_address != spec.store_address:
             host, port = _split_address(spec.store_address)
-            self._store = dist.TCPStore(host, port, is_master=False,
-                                        timeout=datetime.timedelta(seconds=spec.op_timeout_s))
+            store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=spec.op_timeout_s))
+            self._store = store if self._secret is None else SealedStore(store, self._secret, "weight-sync")
             self._store_address = spec.store_address
         return self._store
 

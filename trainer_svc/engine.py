@@ -284,9 +284,10 @@ class TrainerEngine:
         raise TypeError(f"unknown command {type(command).__name__}")
 
 
-def build_engine(settings: TrainerSettings, log: Any) -> TrainerEngine:
-    """Join the torchrun world, load the backend, and (rank 0) start the weight-sync store."""
-    env = init_distributed(settings.lockstep_timeout_s)
+def build_engine(settings: TrainerSettings, log: Any, token: str) -> TrainerEngine:
+    """Join the torchrun world, load the backend, and (rank 0) start the weight-sync store.
+    The run's `token` seals both stores (tandem/stores.py)."""
+    env = init_distributed(settings.lockstep_timeout_s, secret=token)
     backend = build_backend(settings, env)
     sync_dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
                   else getattr(torch, settings.weight_sync_dtype))
@@ -294,7 +295,7 @@ def build_engine(settings: TrainerSettings, log: Any) -> TrainerEngine:
                             settings.weight_sync_bucket_bytes)
     sender, fingerprint = None, ""
     if env.rank == 0:
-        sender = WeightSender(host=settings.weight_sync_host, device=env.device)
+        sender = WeightSender(host=settings.weight_sync_host, device=env.device, secret=token)
         fingerprint = model_fingerprint(settings.model_name, backend.hf_tensor_shapes)
     decoder = None
     if settings.generation.enabled:

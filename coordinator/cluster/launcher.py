@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.cluster.adopted import AdoptedProcess, descendants, start_ticks
+from tandem import torchrun
 
 
 class ServiceDied(RuntimeError):
@@ -192,5 +193,5 @@ def python_module(module: str, *args: str) -> list[str]:
 
 
 def torchrun_module(module: str, nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", module, *args]
+    """torchrun on this host with no listener of its own (tandem/torchrun.py)."""
+    return torchrun.torchrun_module(module, nproc, *args)

@@ -51,7 +51,7 @@ def test_each_role_gets_its_own_settings_from_the_experiment(tmp_path, model):
         assert argv[argv.index("--advertise-host") + 1] == "127.0.0.1"  # the interface towards the coordinator
         settings = json.loads((tmp_path / f"{role}.json").read_text())
         if role == "trainer":
-            assert "--standalone" in argv and settings["weight_sync_host"] == "127.0.0.1"
+            assert "--rdzv-conf=store_type=file" in argv and settings["weight_sync_host"] == "127.0.0.1"
             assert settings["model_name"] == str(model) and settings["seed"] == 5
         elif role == "generator":
             assert settings["seed"] == 7 and argv[2] == "generator_svc"
