@@ -20,14 +20,13 @@ import pytest
 import structlog
 import torch.distributed as dist
 
-from coordinator import launch
-from coordinator.algorithms.context import LoopContext
-from coordinator.cluster import LocalCluster
+from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data import Tokens, read_jsonl
+from coordinator.data.examples import read_jsonl
+from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from tandem import torchrun
+from coordinator.loop.context import LoopContext
 from tandem.stores import SealedStore
 from tests import procs
 
@@ -117,14 +116,10 @@ def run(tmp_path_factory):
     run_dir = root / "run"
     (run_dir / "logs").mkdir(parents=True)
     log = structlog.get_logger()
-    with pytest.MonkeyPatch.context() as patch:
-        # until coordinator/launcher.py builds torchrun's command with tandem.torchrun (see
-        # tests/unit/tandem/test_torchrun.py::test_the_coordinator_launches_torchrun_without_a_listener)
-        patch.setattr(launch, "torchrun_module", torchrun.torchrun_module)
-        with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-            ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
-            assert ctx.publish().epoch >= 0  # the weight-sync group of trainer rank 0 and the generator exists
-            yield ctx, _run_listeners()
+    with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
+        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
+        assert ctx.publish().epoch >= 0  # the weight-sync group of trainer rank 0 and the generator exists
+        yield ctx, _run_listeners()
 
 
 def test_every_listener_of_the_run_is_on_loopback(run):
