@@ -118,6 +118,9 @@ def _generator_nodes(cfg: ExperimentConfig, generators: int) -> tuple[int, int, 
     resources = cfg.policy.generation.colocated.resources
     node_gpus = resources.gpus_per_node if resources.gpus_per_node is not None else cfg.cluster.gpus_per_node
     nodes = resources.num_nodes or (math.ceil(generators / node_gpus) if node_gpus else 1)
+    if node_gpus and not cfg.cluster.gpus_per_node:
+        raise SlurmPlanError("GPU generators with a CPU trainer: one job asks the same GPUs of every node; set "
+                             "cluster.gpus_per_node, or leave policy.generation.colocated.resources.gpus_per_node unset")
     per_node = math.ceil(generators / nodes)
     if node_gpus and per_node > node_gpus:
         raise SlurmPlanError(f"{generators} generators on {nodes} node(s) of {node_gpus} GPUs do not fit (one GPU "

@@ -53,6 +53,7 @@ def test_gpu_layout_gives_each_generator_a_gpu_and_as_many_nodes_as_they_fill():
     (["cluster.gpus_per_node=1", "cluster.trainer_ranks=1", "cluster.num_generators=3",
       "policy.generation.colocated.resources.num_nodes=1", "policy.generation.colocated.resources.gpus_per_node=2"],
      "3 generators on 1 node"),
+    (["policy.generation.colocated.resources.gpus_per_node=4"], "GPU generators with a CPU trainer"),
 ])
 def test_configs_slurm_cannot_place_are_refused_naming_the_key(overrides, message):
     with pytest.raises(slurm.SlurmPlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
