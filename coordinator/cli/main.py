@@ -5,6 +5,7 @@
         (without --resume, a run named by logger.run_name that has a checkpoint and did not
         finish is resumed too: re-running the same command after a crash continues it)
     tandem status [--coordinator HOST:PORT | --run-dir DIR]   live services and progress of a run
+    tandem slurm [CONFIG.yaml] [...] [--submit]   the run as a Slurm job (coordinator/cli/slurm.py)
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["slurm"]:  # its own flags: coordinator/cli/slurm.py
+        from coordinator.cli.slurm import main as slurm_main
+
+        return slurm_main((sys.argv[1:] if argv is None else argv)[1:])
     parser = argparse.ArgumentParser(prog="tandem", description="Tandem: RL post-training as services")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment (no CONFIG: the embedded tiny-model demo)")
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_num_steps=10")
     run.add_argument("--resume", action="store_true",
                      help="continue the run named by logger.run_name from its latest complete checkpoint")
+    sub.add_parser("slurm", help="write (and --submit) the run's sbatch script; `tandem slurm -h` for more")
     status = sub.add_parser("status", help="show a running experiment's services and progress")
     status.add_argument("--coordinator", default=None, help="host:port of the coordinator")
     status.add_argument("--run-dir", type=Path, default=None, help="run directory (reads its coordinator.addr)")
