@@ -83,8 +83,10 @@ class TrainerClient:
         return StepResult(dict(reply.metrics), reply.global_step)
 
     @rpc_failures
-    def publish_weights(self, group: GroupSpec, version: int) -> PublishResult:
-        reply = self._stub.PublishWeights(pb.PublishWeightsRequest(group=group_to_pb(group), version=version),
+    def publish_weights(self, group: GroupSpec, version: int, detach: bool = False) -> PublishResult:
+        """detach: return once the trainer holds its copy of `version` (the broadcast goes on)."""
+        reply = self._stub.PublishWeights(pb.PublishWeightsRequest(group=group_to_pb(group), version=version,
+                                                                   detach=detach),
                                           timeout=self._long)
         return PublishResult(reply.bytes_sent, reply.duration_ms)
 

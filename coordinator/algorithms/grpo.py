@@ -35,11 +35,19 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
                                                  global_batch_size=cfg.policy.train_global_batch_size,
                                                  micro_batch_size=cfg.policy.train_micro_batch_size)
     with timings("publish"):
-        published = ctx.publish()
-        if rollouts is not None:
-            rollouts.published(step)
+        version = publish(ctx, step, rollouts)
     return {**result.metrics, **rollout_metrics(batch.rollouts), **batch.metrics, **advantage_metrics,
-            "weight_version": float(published.version), **timings.metrics}
+            "weight_version": float(version), **timings.metrics}
+
+
+def publish(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None) -> int:
+    """Publish the step's weights; async GRPO detaches it (the trainer trains on while they travel)."""
+    if rollouts is not None and rollouts.max_age > 0:
+        return ctx.publish_detached(on_published=lambda: rollouts.published(step))
+    version = ctx.publish().version
+    if rollouts is not None:
+        rollouts.published(step)
+    return version
 
 
 def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:

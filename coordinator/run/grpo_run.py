@@ -108,8 +108,10 @@ class Run(RunBase):
         def step_fn(step: int) -> dict:
             metrics = grpo_step(ctx, step, rollouts)
             if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
+                ctx.wait_published()  # async: validate the step's own weights
                 metrics["val_accuracy"] = self._validate(ctx, val, step)
             if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
+                ctx.wait_published()  # the checkpoint records the version the generators serve
                 self._checkpoint(ctx, step, metrics, rollouts.cursor_after(step))
             return metrics
 
@@ -118,6 +120,7 @@ class Run(RunBase):
             rollouts.start(first_step, cfg.grpo.max_num_steps)
             try:
                 self._loop("grpo", cfg.grpo.max_num_steps, step_fn, cluster.launcher.check, first_step=first_step)
+                ctx.wait_published()
                 return
             except Exception as exc:
                 if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher):

@@ -54,7 +54,7 @@ class FakeTrainer:
         self.events.append(("trainer", "export_hf"))
         return 1
 
-    def publish_weights(self, group, version):
+    def publish_weights(self, group, version, detach=False):
         self.events.append(("trainer", "broadcast", version))
         return PublishResult(16, 1)
 
