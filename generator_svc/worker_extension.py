@@ -12,7 +12,8 @@ Two steps, so that a failed transfer never touches the model:
    trainer's GPU buffers through CUDA IPC handles (`tandem_stage_cuda_ipc`);
 2. `tandem_apply_staged` loads it with `model_runner.reload_weights`, which restores the
    layer layout, loads HF-named checkpoint tensors and re-packs the CPU kernels' weights
-   (plain `model.load_weights` fails on CPU once the linear weights are packed).
+   (plain `model.load_weights` fails on CPU once the linear weights are packed); then a tied
+   output head, which that reload skips, is re-packed from the new embedding (tied_weights.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 
 import torch
 
+from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
 from tandem.weight_sync import BucketPlan, GroupSpec, TensorSpec, WeightReceiver
 
 
@@ -96,6 +98,8 @@ class TandemWeightExtension:
             raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
         tensors = staged[1]
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        # a tied head is not reloaded: its packed CPU copy would keep the first weights (tied_weights.py)
+        refresh_tied_layers(self.model_runner.get_model(), unquantized_embedding_methods())
         return len(tensors)
 
     def tandem_close_receiver(self) -> None:
