@@ -49,3 +49,27 @@ def probe_generators(services, prompts: Sequence[Sequence[int]], *, num_samples:
         results.append(ProbeResult(handle.member_id, min(c.weight_version for c in completions), max(diffs),
                                    sum(math.exp(d) for d in diffs) / len(diffs), len(diffs)))
     return results
+
+
+def check_drift(ctx, step: int, metrics: dict[str, float], prompts: Sequence[Sequence[int]]) -> None:
+    """The drift guard's step (coordinator/drift.py): feed it this step's token_mult_prob_error,
+    log how many consecutive steps were over the bound (`drift_steps_over_bound`), and when it
+    trips probe every generator and raise DriftError naming the ones that drifted."""
+    from coordinator.drift import DriftError, drift_message
+
+    grpo = ctx.cfg.grpo
+    error = metrics.get("token_mult_prob_error")
+    if error is None:  # a loss that reports no such metric: nothing to guard
+        return
+    drift = ctx.drift.observe(step, error, int(metrics["generation_weight_version"]),
+                              bound=grpo.max_token_mult_prob_error, grace_steps=grpo.drift_grace_steps)
+    metrics["drift_steps_over_bound"] = float(ctx.drift.steps_over_bound)
+    if drift is None:
+        return
+    try:
+        probes: list = probe_generators(ctx.services, list(prompts)[:4])
+    except Exception as exc:  # noqa: BLE001 - whatever the probe hit, the error must still say what drifted
+        probes = [f"{type(exc).__name__}: {exc}"[:300]]
+    message = drift_message(drift, probes)
+    ctx.log.error("drift_guard_tripped", step=step, since_version=drift.since_version, message=message)
+    raise DriftError(message)

@@ -4,11 +4,12 @@ the generators' phases around the trainer's work (coordinator/colocation.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator.colocation import GeneratorPhases
 from coordinator.config import ExperimentConfig
 from coordinator.data import Example, PromptCursor, Tokens
+from coordinator.drift import DriftGuard
 from coordinator.services import Services
 from coordinator.weights import PublishReport, WeightPublisher, shared_memory_dir
 from tandem.colocation import WeightTransport, resolve_colocation
@@ -23,6 +24,8 @@ class LoopContext:
     publisher: WeightPublisher
     log: object
     phases: GeneratorPhases
+    drift: DriftGuard = field(default_factory=DriftGuard)
+    """Consecutive GRPO steps whose token_mult_prob_error is over the bound (coordinator/drift.py)."""
 
     @classmethod
     def connect(cls, cfg: ExperimentConfig, services: Services, tokens: Tokens, examples: list[Example], seed: int,

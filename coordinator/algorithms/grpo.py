@@ -13,6 +13,7 @@ from coordinator.algorithms.context import LoopContext
 from coordinator.algorithms.dapo import draw_rollouts
 from coordinator.algorithms.groups import RolloutGroups
 from coordinator.algorithms.grpo_batch import prepare_samples
+from coordinator.drift_probe import check_drift
 from coordinator.multiturn import Episode, collect_episodes
 from coordinator.scoring import per_task_metrics
 from generator_svc.types import SamplingConfig
@@ -52,7 +53,7 @@ def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
     published = ctx.publish()
     lap("publish")
     versions = {c.weight_version for group in groups for c in group}
-    return {
+    metrics = {
         **result.metrics,
         "reward_mean": float(rewards_PG.mean()),
         **sampling_metrics,
@@ -68,6 +69,8 @@ def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
         "weight_version": float(published.version),
         **timings,
     }
+    check_drift(ctx, step, metrics, rollouts.prompts)  # stops a run whose generators drifted from the trainer
+    return metrics
 
 
 def _sampling(ctx: LoopContext, step: int) -> SamplingConfig:
