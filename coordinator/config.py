@@ -362,9 +362,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         data.update(loaded)
     data = apply_overrides(data, overrides or [])
     try:
-        return ExperimentConfig.model_validate(data)
+        cfg = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+    from coordinator.model_checks import ModelCheckError, check_model  # late: it reads this module's types
+
+    try:
+        check_model(cfg)  # the checkpoint against the config, before anything starts
+    except ModelCheckError as exc:
+        raise ConfigError(str(exc)) from None
+    return cfg
 
 
 def _describe(exc: ValidationError) -> str:
