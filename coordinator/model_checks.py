@@ -83,6 +83,20 @@ def check_architecture(config: dict, backend: str, causal_lms: Iterable[str]) ->
     return None
 
 
+def check_megatron_conversion(config: dict) -> None:
+    """What the Megatron converter refuses in a config of a family it takes (rope scaling, a
+    sliding window, another activation...), said at load instead of in the trainer's log."""
+    from types import SimpleNamespace
+
+    from trainer_svc.backends.megatron.convert import Arch
+
+    try:
+        Arch.from_hf_config(SimpleNamespace(**config))
+    except (ValueError, AttributeError, KeyError, TypeError) as exc:
+        raise ModelCheckError(f"policy.megatron_cfg.enabled: this checkpoint cannot be converted ({exc}); set "
+                              "policy.megatron_cfg.enabled=false to train it with DTensor") from None
+
+
 def head_size(config: dict) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
@@ -231,6 +245,8 @@ def check_model(cfg) -> None:
         message = check_architecture(config, policy.backend.value, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
         if message:
             warnings.warn(message, stacklevel=3)
+        if policy.backend.value == "megatron":
+            check_megatron_conversion(config)
         check_tokenizer_files(model_dir)
         check_tied_head(model_dir, config)
         if samples:

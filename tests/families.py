@@ -114,7 +114,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen2", "Qwen2ForCausalLM", True, _QWEN_TOKENS, True, _qwen2),
     Family("qwen3", "Qwen3ForCausalLM", False, _QWEN_TOKENS, False, _qwen3(False)),
     Family("qwen3-tied", "Qwen3ForCausalLM", True, _QWEN_TOKENS, False, _qwen3(True)),
-    Family("mistral", "MistralForCausalLM", False, _CHAR_TOKENS, False, _mistral),
+    Family("mistral", "MistralForCausalLM", False, _CHAR_TOKENS, True, _mistral),
     Family("gemma3", "Gemma3ForCausalLM", True, _CHAR_TOKENS, False, _gemma3),
 )}
 

@@ -60,6 +60,14 @@ def test_megatron_takes_only_the_converter_families():
     assert mc.check_architecture({"architectures": ["Qwen2ForCausalLM"]}, "megatron", ["Qwen2ForCausalLM"]) is None
 
 
+def test_megatron_refusals_of_the_converter_are_said_at_load(tiny, tmp_path):
+    model = edited(tiny, tmp_path, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(ConfigError, match=r"policy.megatron_cfg.enabled: this checkpoint cannot be converted "
+                                          r"\(rope scaling 'linear'"):
+        load(model, "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false")
+    load(tiny, "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false")
+
+
 def test_an_untested_family_is_a_warning_not_an_error():
     message = mc.check_architecture({"architectures": ["Phi3ForCausalLM"]}, "dtensor", ["Phi3ForCausalLM"])
     assert "not among the families" in message and "grpo.max_token_mult_prob_error" in message

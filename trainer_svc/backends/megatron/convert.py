@@ -1,5 +1,6 @@
-"""The project's HF <-> Megatron converter for the Llama and Qwen2 families (Megatron-core's
-local layer spec GPTModel), at any TP and PP layout.
+"""The project's HF <-> Megatron converter for the Llama, Mistral and Qwen2 families
+(Megatron-core's local layer spec GPTModel), at any TP and PP layout. Mistral without a sliding
+window is the Llama layout under another name (its tensors are named and shaped alike).
 
 Layout facts (megatron-core local spec):
 - `linear_qkv` interleaves the heads per query group: for each of the `num_kv_heads` groups,
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_FAMILIES = ("llama", "qwen2")
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Arch:
         if family not in SUPPORTED_FAMILIES:
             raise ValueError(f"the Megatron backend converts {', '.join(SUPPORTED_FAMILIES)} checkpoints; "
                              f"this one is {family!r}: use policy.dtensor_cfg for it")
+        window = getattr(config, "sliding_window", None)
+        if family == "mistral" and window is not None and window < config.max_position_embeddings:
+            raise ValueError(f"sliding_window {window} is not supported by the Megatron converter (full attention "
+                             "only): use policy.dtensor_cfg for this checkpoint")
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported by the converter (silu only)")
         if getattr(config, "mlp_bias", False):
