@@ -26,6 +26,7 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
+    from coordinator.drift import DriftError
     from coordinator.launcher import ServiceDied
     from coordinator.resume import NothingToResume
     from coordinator.preference_run import create_run
@@ -41,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130
-    except (ServiceDied, TimeoutError) as exc:
+    except (ServiceDied, TimeoutError, DriftError) as exc:
         console.print(f"[red]error:[/] {exc}\n(every service this run started was stopped)")
         return 1
     before, after = summary.get("accuracy_before"), summary.get("accuracy_after")

@@ -67,7 +67,8 @@ def check_drift(ctx, step: int, metrics: dict[str, float], prompts: Sequence[Seq
     if drift is None:
         return
     try:
-        probes: list = probe_generators(ctx.services, list(prompts)[:4])
+        probes: list = probe_generators(ctx.services, list(prompts)[:4],
+                                        max_tokens=min(8, ctx.cfg.policy.generation.max_new_tokens))
     except Exception as exc:  # noqa: BLE001 - whatever the probe hit, the error must still say what drifted
         probes = [f"{type(exc).__name__}: {exc}"[:300]]
     message = drift_message(drift, probes)

@@ -39,16 +39,17 @@ def layers_sharing_parameters(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if id(m) in shared]
 
 
-def refresh_tied_layers(model: nn.Module, methods: Iterable[type]) -> list[str]:
+def refresh_tied_layers(model: nn.Module, methods: Iterable[type], reloaded: Iterable[str] = ()) -> list[str]:
     """Re-run `process_weights_after_loading` of each tied layer whose quant method is one of
     `methods` (methods whose post-processing only derives kernel data from `weight`, so running
-    it again is safe). Returns the refreshed layers' names."""
-    kinds = tuple(methods)
+    it again is safe), except the layers named in `reloaded` (the reload processed them already).
+    Returns the refreshed layers' names."""
+    kinds, skip = tuple(methods), set(reloaded)
     names = {id(m): name for name, m in model.named_modules()}
     refreshed = []
     for layer in layers_sharing_parameters(model):
         method = getattr(layer, "quant_method", None)
-        if isinstance(method, kinds):
+        if isinstance(method, kinds) and names[id(layer)] not in skip:
             method.process_weights_after_loading(layer)
             refreshed.append(names[id(layer)])
     return refreshed

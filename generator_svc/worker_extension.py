@@ -99,7 +99,8 @@ class TandemWeightExtension:
         tensors = staged[1]
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
         # a tied head is not reloaded: its packed CPU copy would keep the first weights (tied_weights.py)
-        refresh_tied_layers(self.model_runner.get_model(), unquantized_embedding_methods())
+        refresh_tied_layers(self.model_runner.get_model(), unquantized_embedding_methods(),
+                            reloaded={name.rpartition(".")[0] for name in tensors})
         return len(tensors)
 
     def tandem_close_receiver(self) -> None:

@@ -52,6 +52,11 @@ def test_refresh_repacks_the_head_from_the_new_embedding():
     assert not torch.equal(model.lm_head.packed, model.lm_head.weight)  # the stale copy the bug served from
     assert refresh_tied_layers(model, (PackingMethod,)) == ["model.embed_tokens", "lm_head"]
     assert torch.equal(model.lm_head.packed, model.lm_head.weight)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(1.0)
+    # the layer the reload was sent tensors for was re-processed by it: only the head is left
+    assert refresh_tied_layers(model, (PackingMethod,), reloaded={"model.embed_tokens"}) == ["lm_head"]
+    assert torch.equal(model.lm_head.packed, model.lm_head.weight)
 
 
 class FakeRunner:
