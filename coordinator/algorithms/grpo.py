@@ -16,6 +16,7 @@ import torch
 from coordinator.algorithms.dapo import draw_rollouts
 from coordinator.algorithms.grpo_samples import prepare_samples
 from coordinator.loop.context import LoopContext
+from coordinator.loop.drift_probe import check_drift
 from coordinator.loop.groups import RolloutGroups
 from coordinator.loop.multiturn import Episode, collect_episodes
 from coordinator.loop.pipeline import RolloutPipeline
@@ -36,8 +37,10 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
                                                  micro_batch_size=cfg.policy.train_micro_batch_size)
     with timings("publish"):
         version = publish(ctx, step, rollouts)
-    return {**result.metrics, **rollout_metrics(batch.rollouts), **batch.metrics, **advantage_metrics,
-            "weight_version": float(version), **timings.metrics}
+    metrics = {**result.metrics, **rollout_metrics(batch.rollouts), **batch.metrics, **advantage_metrics,
+               "weight_version": float(version), **timings.metrics}
+    check_drift(ctx, step, metrics, batch.rollouts.prompts)  # stops a run whose generators drifted from the trainer
+    return metrics
 
 
 def publish(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None) -> int:

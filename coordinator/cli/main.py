@@ -28,6 +28,7 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {exc}")
         return 2
     from coordinator.cluster.launcher import ServiceDied
+    from coordinator.loop.drift import DriftError
     from coordinator.run.create import create_run
     from coordinator.run.resume import NothingToResume
 
@@ -42,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130
-    except (ServiceDied, TimeoutError) as exc:
+    except (ServiceDied, TimeoutError, DriftError) as exc:
         console.print(f"[red]error:[/] {exc}\n(every service this run started was stopped)")
         return 1
     before, after = summary.get("accuracy_before"), summary.get("accuracy_after")

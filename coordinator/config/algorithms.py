@@ -108,6 +108,12 @@ class GRPOConfig(Section):
     overlong_filtering: bool = False
     """Truncated completions get no loss (they still count in their group's baseline)."""
     reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    max_token_mult_prob_error: float | None = Field(1.05, gt=1)
+    """Drift guard (coordinator/loop/drift.py): stop the run once the step's token_mult_prob_error (mean
+    exp(|trainer - generator logprob|), 1.0 on-policy) stays above this for drift_grace_steps
+    consecutive steps; the error names the generators that drifted. null: never stop."""
+    drift_grace_steps: int = Field(2, ge=1)
+    """Consecutive GRPO steps over max_token_mult_prob_error before the run stops."""
     async_grpo: AsyncGRPOConfig = AsyncGRPOConfig()
     """Rollouts overlapped with training, with a bound on the trajectories' age."""
     val_period: int = Field(10, ge=0)

@@ -19,6 +19,7 @@ from coordinator.cluster.versions import WeightVersions
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor
 from coordinator.data.tokens import Tokens
+from coordinator.loop.drift import DriftGuard
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.weights.phases import GeneratorPhases
 from coordinator.loop.weights.publisher import WeightPublisher
@@ -35,6 +36,8 @@ class LoopContext:
     publisher: WeightPublisher
     log: object
     phases: GeneratorPhases
+    drift: DriftGuard = field(default_factory=DriftGuard)
+    """Consecutive GRPO steps whose token_mult_prob_error is over the bound (loop/drift.py)."""
     _publishing: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "publish"), repr=False)
     _detached: list[Future] = field(default_factory=list, repr=False)
     _last_detached: int = 0

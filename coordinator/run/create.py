@@ -9,13 +9,17 @@ from rich.console import Console
 
 from coordinator.cluster.local import HostedService
 from coordinator.config import ExperimentConfig
+from coordinator.data.model_checks import check_model
 from coordinator.run.base import RunBase
 
 
 def create_run(cfg: ExperimentConfig, console: Console | None = None, resume: bool | None = False,
                hosted: Sequence[HostedService] = ()) -> RunBase:
     """resume: True continues logger.run_name from its latest checkpoint; None does so only if
-    that run has one and did not finish (rollout runs only)."""
+    that run has one and did not finish (rollout runs only). The checkpoint and prompts are
+    checked against the config first (coordinator/data/model_checks.py): nothing starts for a
+    model the run cannot serve or train."""
+    check_model(cfg)
     if cfg.algorithm.uses_rollouts:
         from coordinator.run.grpo_run import Run
 
