@@ -73,7 +73,11 @@ class GeneratorSettings(VllmSettings):
     """On SIGTERM: how long the calls in flight may take to finish before the rest are aborted
     (the coordinator re-sends aborted prompts elsewhere)."""
     scratch_dir: Path = Path(".tandem/scratch")
-    """Where vLLM's cache, ZMQ sockets and temp files go (instead of ~/.cache/vllm and /tmp)."""
+    """Where vLLM's ZMQ sockets and temp files go (instead of /tmp), and its caches unless cache_dir is set."""
+    cache_dir: Path | None = None
+    """Where vLLM's caches go, kept across runs (instead of ~/.cache/vllm): its model-class
+    inspection (without it vLLM starts one more Python process, importing vLLM again, at every
+    start) and torch.compile's. None: scratch_dir."""
 
     @model_validator(mode="after")
     def _memory_share(self) -> GeneratorSettings:
@@ -111,15 +115,16 @@ def run_dir(settings: GeneratorSettings, pid: int) -> Path:
 def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_path: Path) -> dict[str, str]:
     """Environment variables to set before vLLM is imported, given the current environment.
 
-    Caches go to scratch_dir (kept across runs); sockets and temp files to `run_path`.
+    Caches go to cache_dir (else scratch_dir); sockets and temp files to `run_path`.
     """
+    caches = settings.cache_dir or settings.scratch_dir
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_space_gib),
-        "VLLM_CACHE_ROOT": str(settings.scratch_dir / "vllm-cache"),
+        "VLLM_CACHE_ROOT": str(caches / "vllm-cache"),
         "VLLM_CONFIG_ROOT": str(settings.scratch_dir / "vllm-config"),
         # Where torch.compile runs (enforce_eager=false), its cache outlives the run; inductor's
         # precompiled header would re-run the preprocessor over torch's headers in every process.
-        "TORCHINDUCTOR_CACHE_DIR": str(settings.scratch_dir / "inductor-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor-cache"),
         "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
         "VLLM_RPC_BASE_PATH": str(run_path),
         "TMPDIR": str(run_path),

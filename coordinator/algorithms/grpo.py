@@ -69,7 +69,7 @@ def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:
 def rollout_round(ctx: LoopContext, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
     """The next `num_prompts` prompts, rolled out and scored (one round of dynamic sampling)."""
     batch = ctx.cursor.next_batch(num_prompts)
-    prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
+    prompts = [list(e.prompt_ids) for e in batch]
     sampling = step_sampling(ctx, step)
     if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
         sampling = replace(sampling, seed=sampling.seed + round_index * 7919)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -51,8 +51,13 @@ class HostedService(Protocol):
 
 class LocalCluster:
     def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
-                 status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False):
+                 status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False,
+                 trainer_only: bool = False, meanwhile: Callable[[], object] | None = None):
+        """trainer_only: launch and wait for the trainer alone (e.g. to export a checkpoint).
+        meanwhile: work to do while the services boot (after they are launched, before waiting)."""
         self.cfg = cfg
+        self.meanwhile = meanwhile
+        self.trainer_only = trainer_only
         self.model_dir = model_dir
         self.run_dir = run_dir
         self.log = log
@@ -82,11 +87,14 @@ class LocalCluster:
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
             if self.cfg.cluster.launch == "local":
-                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
+                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher,
+                           trainer_only=self.trainer_only)
             else:
                 self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
                               tasks=sorted(self.cfg.env))
-            self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
+            if self.meanwhile is not None:
+                self.meanwhile()
+            self.registry.wait_for(all_registered(self.cfg, self.trainer_only), self.cfg.cluster.startup_timeout_s,
                                    check=self.launcher.check)
             self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
         except BaseException:

@@ -59,6 +59,11 @@ class ExperimentConfig(Section):
         if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
                              f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
+        data = self.data
+        if not self.algorithm.uses_rollouts and (data.prompt_format == "chat" or data.system_prompt_file
+                                                 or data.prompt_file):
+            raise ValueError(f"{self.algorithm.value} runs take their prompts as they are for now: remove "
+                             "data.prompt_format chat, data.prompt_file and data.system_prompt_file")
         if not self.algorithm.uses_rollouts and self.policy.backend is TrainingBackend.MEGATRON:
             raise ValueError(f"{self.algorithm.value} runs train on the DTensor backend only for now; set "
                              "policy.megatron_cfg.enabled=false (and policy.dtensor_cfg.enabled=true)")

@@ -49,6 +49,9 @@ class CheckpointingConfig(Section):
     """GRPO steps between checkpoints."""
     keep_top_k: int = Field(2, ge=1)
     """Checkpoints kept (the newest)."""
+    save_hf: bool = False
+    """Also write each checkpoint's model as a Hugging Face checkpoint (<checkpoint>/hf). Every
+    run ends with one in <run>/hf either way; `tandem export` makes one from any checkpoint."""
 
 
 class LoggerConfig(Section):

@@ -185,24 +185,24 @@ def longest_prompt(cfg) -> tuple[int, str, int]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model_name)
-    if data.dataset_name == "jsonl":
-        prompts, source = [], []
-        for key, path in (("data.train_path", data.train_path), ("data.val_path", data.val_path)):
+    if data.dataset_name in ("jsonl", "local"):
+        from coordinator.data.tokens import Tokens
+
+        tokens, lengths, source = Tokens(cfg.policy.model_name or "the embedded model", tokenizer), [], []
+        for key, path, split in (("data.train_path", data.train_path, data.train_split),
+                                 ("data.val_path", data.val_path, data.val_split)):
             if path is None:
                 continue
-            if not Path(path).is_file():
+            if not Path(path).exists():
                 raise ModelCheckError(f"{key}: {path} does not exist")
-            prompts += [str(row[data.prompt_key]) for row in _rows(path, data.prompt_key)]
+            lengths += [len(e.prompt_ids) for e in _examples(Path(path), data, tokens, split)]
             source.append(f"{key} ({path})")
-        source = " and ".join(source)
-    else:
-        from coordinator.embedded.arithmetic import all_operand_pairs, make_problem
+        return max(lengths), " and ".join(source), len(tokenizer)
+    from coordinator.embedded.arithmetic import all_operand_pairs, make_problem
 
-        prompts, source = [make_problem(a, b)["prompt"] for a, b in all_operand_pairs()], "the embedded arithmetic task"
-    if not prompts:
-        raise ModelCheckError(f"{source} holds no prompts")
+    prompts = [make_problem(a, b)["prompt"] for a, b in all_operand_pairs()]
     lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
-    return max(lengths), source, len(tokenizer)
+    return max(lengths), "the embedded arithmetic task", len(tokenizer)
 
 
 @functools.cache
@@ -214,11 +214,12 @@ def _embedded_longest_prompt() -> tuple[int, str, int]:
     return len(f"{OPERAND_RANGE[-1]}+{OPERAND_RANGE[-1]}=") + 1, "the embedded arithmetic task", len(vocabulary())
 
 
-def _rows(path: str, prompt_key: str):
-    from coordinator.data.examples import jsonl_rows
+def _examples(path: Path, data, tokens, split: str):
+    """The dataset's examples as the run reads them (prompts rendered: chat template, prompt file)."""
+    from coordinator.data.examples import read_examples
 
     try:
-        yield from jsonl_rows(Path(path), (prompt_key,), "see data.prompt_key")
+        return read_examples(path, data, tokens, split=split)
     except ValueError as exc:
         raise ModelCheckError(str(exc)) from None
 

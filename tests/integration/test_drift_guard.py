@@ -23,7 +23,7 @@ from coordinator.cluster.launcher import ServiceSpec, python_module
 from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -76,7 +76,8 @@ def test_a_generator_serving_another_head_stops_the_run_naming_it(tmp_path):
     with cluster as services:
         own = services.all_generators()[0].member_id
         drifted = _spawn_generator(cluster, cfg, foreign, "generator-foreign", own)
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
+        tokens = Tokens(model_dir)
+        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
         first = grpo_step(ctx, 1)
         assert first["token_mult_prob_error"] > 1.05 and first["drift_steps_over_bound"] == 1, first
         with pytest.raises(DriftError) as stopped:

@@ -12,7 +12,7 @@ from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
 from coordinator.config import ConfigError, load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -41,7 +41,8 @@ def loop(tmp_path_factory, request):
     log = structlog.get_logger()
     cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
     with cluster as services:
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
+        tokens = Tokens(model_dir)
+        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
         yield ctx, cluster
 
 
@@ -80,7 +81,7 @@ def test_async_grpo_trains_off_policy_within_the_age_bound(loop, tmp_path):
             load_config(overrides=overrides)
         return
     cfg = load_config(overrides=overrides)
-    examples = read_jsonl(ensure_arithmetic_dataset(tmp_path, 1, 500, 16)[0], cfg.data)
+    examples = read_examples(ensure_arithmetic_dataset(tmp_path, 1, 500, 16)[0], cfg.data, ctx.tokens)
     actx = LoopContext.connect(cfg, ctx.services, ctx.tokens, examples, 0, structlog.get_logger(),
                                versions=ctx.publisher.versions)
     rollouts = grpo_pipeline(actx)

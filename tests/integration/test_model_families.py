@@ -13,8 +13,12 @@ whose reward (the share of digits in the completion) varies within every group.
 The tied families (qwen2, qwen3-tied, gemma3) fail without generator_svc/tied_weights.py: the
 generator kept its first output head (logprob differences 0.16-0.54 from the first update on).
 
-Each case appends its measurements (parameters, GRPO step time, largest logprob difference)
-to $TANDEM_FAMILY_REPORT when that is set (a JSON line per backend).
+At the end of each backend's steps the trainer exports its model as an HF checkpoint
+(coordinator/run/export.py, what every run does at its end): transformers loads it and scores
+the probe's completions with the trainer's logprobs within 1e-5.
+
+Each case appends its measurements (parameters, GRPO step time, largest logprob difference,
+export time) to $TANDEM_FAMILY_REPORT when that is set (a JSON line per backend).
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.specs import trainer_settings
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import probe_generators
+from coordinator.run.export import export_hf
+from tandem.generation.types import SamplingConfig
+from trainer_svc.types import Sample
 from reward_svc.hosted import FunctionRewardService
 from tests import procs
 from tests.families import FAMILIES, ensure_family, num_parameters
@@ -43,6 +50,7 @@ from tests.families import FAMILIES, ensure_family, num_parameters
 pytestmark = pytest.mark.integration
 
 LOGPROB_TOLERANCE = 1e-4
+EXPORT_TOLERANCE = 1e-5
 MULT_ERROR_TOLERANCE = 0.01
 PROBE_PROMPTS = ("12+34=", "57+68=", "The answer is")
 GRPO_STEPS = 2
@@ -106,6 +114,31 @@ def _conformance(ctx: LoopContext, prompts: list[list[int]], first_step: int) ->
             "versions": ctx.publisher.version}
 
 
+def _check_export(ctx: LoopContext, prompts: list[list[int]], out_dir) -> float:
+    """Export the trainer's model; transformers' logprobs of sampled completions must equal the
+    trainer's. Returns the export's seconds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    export = export_hf(ctx.services.trainer, out_dir, ctx.log)
+    handle = ctx.services.all_generators()[0]
+    completions = handle.client.generate(prompts, SamplingConfig(n=2, temperature=1.0, max_tokens=8, seed=7),
+                                         request_id="export-check", timeout_s=120)
+    samples = [Sample(token_ids=[*prompts[c.prompt_index], *c.token_ids], prompt_length=len(prompts[c.prompt_index]))
+               for c in completions]
+    trainer = ctx.services.trainer.logprobs(samples, micro_batch_size=len(samples))
+    model = AutoModelForCausalLM.from_pretrained(export.path, torch_dtype=torch.float32).eval()
+    worst = 0.0
+    for sample, expected in zip(samples, trainer):
+        ids = torch.tensor([sample.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, sample.prompt_length - 1:-1].float()
+        got = torch.log_softmax(logits, -1).gather(-1, ids[0, sample.prompt_length:, None])[:, 0]
+        worst = max(worst, (got - torch.tensor(expected)).abs().max().item())
+    assert worst < EXPORT_TOLERANCE, f"the export at {export.path} scores {worst:.2e} away from the trainer"
+    return export.seconds
+
+
 def _swap_to_megatron(cluster: LocalCluster, ctx: LoopContext, cfg, model_dir: str, examples, log) -> LoopContext:
     """Relaunch the trainer as a Megatron one (same cluster, same generator) and publish its
     weights (the checkpoint's) as the next version."""
@@ -139,15 +172,17 @@ def test_published_weights_match_the_trainer(family, families_cache, tmp_path, m
     with cluster as services:
         startup_s = time.perf_counter() - started
         tokens = Tokens(model_dir)
-        examples = read_jsonl(train_path, cfg.data)
+        examples = read_examples(train_path, cfg.data, Tokens(model_dir))
         ctx = LoopContext.connect(cfg, services, tokens, examples, 0, log)
         prompts = [tokens.prompt(p) for p in PROBE_PROMPTS]
-        rows = [{"backend": "dtensor", **_conformance(ctx, prompts, 1)}]
+        rows = [{"backend": "dtensor", **_conformance(ctx, prompts, 1),
+                 "export_s": _check_export(ctx, prompts, tmp_path / "hf-dtensor")}]
         if FAMILIES[family].megatron:
             began = time.perf_counter()
             ctx = _swap_to_megatron(cluster, ctx, _config(tmp_path, mode, "megatron"), model_dir, examples, log)
             rows.append({"backend": "megatron", "swap_s": time.perf_counter() - began,
-                         **_conformance(ctx, prompts, 1 + GRPO_STEPS)})
+                         **_conformance(ctx, prompts, 1 + GRPO_STEPS),
+                         "export_s": _check_export(ctx, prompts, tmp_path / "hf-megatron")})
     for row in rows:
         _report(family=family, mode=mode, params=num_parameters(model_dir), startup_s=startup_s, **row)
 

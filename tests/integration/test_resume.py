@@ -2,13 +2,21 @@
 `Run(cfg, resume=True)` (what `tandem run --resume` does) equal those of an uninterrupted
 run with the same seed, to 1e-6 (fp32, 2 trainer ranks over gloo, 1 vLLM generator).
 A short SFT warm start first, so that rewards vary and every GRPO step moves the policy;
-the resumed run must skip it (the checkpoint says the warm start is done)."""
+the resumed run must skip it (the checkpoint says the warm start is done).
+
+`tandem export` on the uninterrupted run: its last checkpoint, exported by a trainer started
+for it alone, holds exactly the weights the run exported at its end (<run>/hf)."""
 
 import io
 import json
+import os
+import subprocess
+import sys
 
 import pytest
+import torch
 from rich.console import Console
+from safetensors.torch import load_file
 
 from coordinator.config import load_config
 from coordinator.run.grpo_run import Run
@@ -71,3 +79,25 @@ def test_steps_after_a_resume_equal_an_uninterrupted_run(tmp_path, monkeypatch):
     assert resumed["weight_version"] == straight["weight_version"]
     assert resumed["sft_steps"] == straight["sft_steps"] == 60 and "warm_start_done" not in _events(tmp_path / "resumed", 2)
     assert "resume_s" in resumed["timings_s"] and "checkpoint_s" in straight["timings_s"]
+    _assert_export_of_the_last_checkpoint_is_the_runs_model(tmp_path / "straight", tmp_path / "home", tmp_path)
+
+
+def _tandem_export(*args: str, home) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TANDEM_HOME": str(home)}
+    env.pop("TANDEM_TOKEN", None)
+    return subprocess.run([sys.executable, "-m", "coordinator.cli.main", "export", *args], env=env, text=True, check=False,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+
+
+def _assert_export_of_the_last_checkpoint_is_the_runs_model(run_dir, home, tmp_path) -> None:
+    missing = _tandem_export(str(run_dir), str(tmp_path / "nope"), "--step", "3", home=home)
+    assert missing.returncode == 2 and "complete ones: [2, 4]" in missing.stdout and "Traceback" not in missing.stdout
+    for step in ("2", "4"):
+        done = _tandem_export(str(run_dir), str(tmp_path / f"export-{step}"), "--step", step, home=home)
+        assert done.returncode == 0, done.stdout
+    final, step4, step2 = (load_file(d / "model.safetensors")
+                           for d in (run_dir / "hf", tmp_path / "export-4", tmp_path / "export-2"))
+    assert final.keys() == step4.keys()
+    assert all(torch.equal(final[k], step4[k]) for k in final)
+    assert any(not torch.equal(step2[k], step4[k]) for k in step4)  # the step chosen is the one exported
+    assert not (run_dir / "exports").exists() or not any((run_dir / "exports").iterdir())

@@ -34,8 +34,8 @@ from typing import Protocol
 
 from coordinator.cluster.services import GeneratorHandle
 from tandem.colocation import WeightTransport as TransportKind
+from tandem.weight_plan import BucketPlan, GroupSpec
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource, WeightSource
-from tandem.weight_sync import BucketPlan, GroupSpec
 
 
 @dataclass(frozen=True)

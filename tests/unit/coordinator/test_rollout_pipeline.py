@@ -33,7 +33,7 @@ class World:
             raise RuntimeError(f"dynamic sampling exhausted at step {step}")
         groups = [[Episode("t", [1], [0.0], None, float(g), g == 1, "stop", version) for g in range(2)]
                   for _ in range(num_groups)]
-        examples = [Example("p", "a", "t")] * num_groups
+        examples = [Example("p", "a", "t", (1, 2))] * num_groups
         rewards = torch.tensor([[0.0, 1.0]] * num_groups)
         return RolloutGroups(examples, [[1]] * num_groups, groups, rewards, rewards > 0), {"drawn": float(num_groups)}
 
