@@ -67,6 +67,14 @@ class GeneratorSettings(VllmSettings):
     colocated: bool = False
     """On the trainer's devices. On a GPU vLLM then starts in sleep mode (tandem.colocation), so
     the coordinator can free the device for the trainer between rollouts; on CPU nothing changes."""
+    in_flight_weight_updates: bool = False
+    """Apply a weight version without waiting for the calls in flight (grpo.async_grpo's key): their
+    requests are frozen while it is applied and go on under it; each completion then reports the
+    oldest version that sampled any of its tokens. Off: a swap waits for the calls in flight."""
+    recompute_kv_cache_after_weight_updates: bool = False
+    """With in_flight_weight_updates: the frozen requests' KV cache is dropped and recomputed under
+    the new weights. Off: they keep the old weights' KV, and prefix caching is disabled so that no
+    new request reuses KV computed by old weights."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
     drain_timeout_s: float = Field(60.0, ge=0)
@@ -78,6 +86,14 @@ class GeneratorSettings(VllmSettings):
     """Where vLLM's caches go, kept across runs (instead of ~/.cache/vllm): its model-class
     inspection (without it vLLM starts one more Python process, importing vLLM again, at every
     start) and torch.compile's. None: scratch_dir."""
+
+    @model_validator(mode="after")
+    def _in_flight(self) -> GeneratorSettings:
+        if self.recompute_kv_cache_after_weight_updates and not self.in_flight_weight_updates:
+            raise ValueError("recompute_kv_cache_after_weight_updates needs in_flight_weight_updates: true")
+        if self.in_flight_weight_updates and self.colocated:
+            raise ValueError("in_flight_weight_updates needs a dedicated generator (colocated: false)")
+        return self
 
     @model_validator(mode="after")
     def _memory_share(self) -> GeneratorSettings:

@@ -34,7 +34,10 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
     return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization"}),
                              model_name=model_dir, dtype=cfg.policy.precision, seed=cfg.grpo.seed + index,
                              scratch_dir=scratch, cache_dir=cache_root() / "vllm", colocated=generation.colocated.enabled,
-                             gpu_memory_utilization=gpu_memory_utilization(cfg))
+                             gpu_memory_utilization=gpu_memory_utilization(cfg),
+                             in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
+                             recompute_kv_cache_after_weight_updates=(
+                                 cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates))
 
 
 def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
