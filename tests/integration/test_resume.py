@@ -101,3 +101,35 @@ def _assert_export_of_the_last_checkpoint_is_the_runs_model(run_dir, home, tmp_p
     assert all(torch.equal(final[k], step4[k]) for k in final)
     assert any(not torch.equal(step2[k], step4[k]) for k in step4)  # the step chosen is the one exported
     assert not (run_dir / "exports").exists() or not any((run_dir / "exports").iterdir())
+
+
+def _async_cfg(root, steps: int):
+    return load_config(overrides=[
+        f"logger.log_dir={root}", "logger.run_name=async", "logger.tensorboard_enabled=false",
+        "logger.plot_enabled=false", "sft.max_num_steps=0", f"grpo.max_num_steps={steps}", "grpo.val_period=0",
+        "grpo.val_at_start=false", "grpo.max_val_samples=8", "checkpointing.save_period=2", "data.num_train=400",
+        "data.num_val=16", "cluster.num_generators=1", "grpo.async_grpo.enabled=true",
+        "grpo.async_grpo.max_trajectory_age_steps=1", "grpo.num_prompts_per_step=8",
+        "policy.train_global_batch_size=64", "policy.train_micro_batch_size=64"])
+
+
+def test_async_run_checkpoints_the_cursor_of_the_step_trained_and_resumes(tmp_path, monkeypatch):
+    """Async GRPO draws the next step's prompts before a checkpoint: the checkpoint keeps the
+    cursor after the step it trained, so a resume samples the prompts that were in flight again."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    console = Console(file=io.StringIO())
+    Run(_async_cfg(tmp_path, 2), console).execute()
+    run_dir = tmp_path / "async"
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "coordinator.json").read_text())
+    first = _grpo_rows(run_dir)
+    assert [r["stale_groups_dropped"] for r in first] == [0.0, 0.0]
+    assert state["cursor"] == {"epoch": 0, "position": 2 * 8}  # not the third batch's, drawn ahead
+    (run_dir / "summary.json").unlink()  # as if it had stopped there
+
+    resumed = Run(_async_cfg(tmp_path, 4), console, resume=True).execute()
+    rows = _grpo_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [(r["loss"], r["reward_mean"]) for r in rows[:2]] == [(r["loss"], r["reward_mean"]) for r in first]
+    assert all(r["trajectory_age_max"] <= 1 for r in rows) and "resume_s" in resumed["timings_s"]
+    assert [r["weight_version"] for r in rows] == sorted(r["weight_version"] for r in rows)
+    assert resumed["weight_version"] > state["weight_version"]
