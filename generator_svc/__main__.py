@@ -28,11 +28,14 @@ def main(argv: list[str] | None = None) -> None:
     scratch = run_dir(settings, os.getpid())
     scratch.mkdir(parents=True, exist_ok=True)
     os.environ.update(vllm_environment(settings, dict(os.environ), scratch))  # before vLLM is imported
+    from tandem.logs import configure_logging
+    from tandem.process_logs import vllm_logging_env
+
+    log = configure_logging("generator", route_all=True)  # before vLLM: its processes inherit the output pipe
+    os.environ.update(vllm_logging_env(scratch / "logging.json", "generator", dict(os.environ)))
 
     from generator_svc.server import serve
-    from tandem.logs import configure_logging
 
-    log = configure_logging("generator")
     log.info("settings", **settings.model_dump(mode="json"))
     try:
         code = asyncio.run(serve(settings, args, token, log))

@@ -192,5 +192,5 @@ def python_module(module: str, *args: str) -> list[str]:
 
 
 def torchrun_module(module: str, nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    return [sys.executable, "-m", "tandem.torchrun", "--standalone", f"--nproc-per-node={nproc}",
             "-m", module, *args]

@@ -17,7 +17,7 @@ def test_yaml_and_dotted_overrides(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("grpo:\n  max_num_steps: 7\nloss_fn:\n  ratio_clip_max: 0.28\n")
     cfg = load_config(path, ["grpo.max_num_steps=3", "policy.generation.temperature=0.5", "env.math.scorer=math",
-                                  "env.arithmetic.scorer=exact"])
+                                  "env.arithmetic.scorer=exact", "data.default_task=arithmetic"])
     assert cfg.grpo.max_num_steps == 3
     assert cfg.loss_fn.ratio_clip_max == 0.28
     assert cfg.policy.generation.temperature == 0.5
