@@ -24,6 +24,23 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
+KNOWN_NOISE = (
+    # vLLM on CPU, said at every start or weight swap, about things that are as intended here:
+    "Triton is installed, but doesn't include CPU backend",  # no Triton on CPU: PyTorch kernels are used
+    "Triton is not installed. triton-cpu is expected",
+    "Model Runner V2 requires Triton",
+    "libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD",  # speed hints only
+    "does not officially support disabling chunked prefill",  # the tiny models run fine without it
+    "Enforce eager set, disabling torch.compile", "Inductor compilation was disabled",  # enforce_eager: true
+    "Reset SSM cache type to float32",  # no Mamba layers here
+    "RotaryEmbedding: Failed to load weights",  # rotary embeddings have no weights to load
+    "Passing raw prompts to InputProcessor is deprecated",
+    "NUMA binding: Using MEMBIND policy",  # a C++ notice from the vLLM CPU worker
+    "`torch.distributed.reduce_op` is deprecated",
+)
+"""Third-party warnings that are expected on this stack: dropped at the default levels (set
+VLLM_LOGGING_LEVEL=INFO or lower to see everything)."""
+
 _GLOG = re.compile(r"^\[?([IWEF])\d{4} ")
 _GLOG_LEVELS = {"I": "info", "W": "warning", "E": "error", "F": "critical"}
 _ERROR = re.compile(r"^(Traceback \(most recent call last\)|\w+(\.\w+)*(Error|Exception)\b)")
@@ -52,11 +69,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def _verbose(level: str) -> bool:
+    """A level below WARNING: the user asked to see everything, known noise included."""
+    number = logging.getLevelName(level.upper())
+    return isinstance(number, int) and number < logging.WARNING
+
+
+class DropKnownNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(noise in message for noise in KNOWN_NOISE)
+
+
 def route_stdlib_logging(service: str, level: str = "WARNING") -> None:
     """Root logger (and `warnings`) to stderr through JsonFormatter; loggers that print with
     their own handlers (torch's) are pointed at it too."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
+    handler.addFilter(DropKnownNoise())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -74,7 +104,9 @@ def vllm_logging_env(config_path: Path, service: str, current: dict[str, str]) -
     config = {
         "version": 1, "disable_existing_loggers": False,
         "formatters": {"json": {"()": "tandem.process_logs.JsonFormatter", "service": service}},
-        "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "filters": {"noise": {"()": "tandem.process_logs.DropKnownNoise"}},
+        "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr",
+                              "filters": [] if _verbose(level) else ["noise"]}},
         "loggers": {"vllm": {"handlers": ["json"], "level": level, "propagate": False}},
         "root": {"handlers": ["json"], "level": "WARNING"},
     }
@@ -103,6 +135,7 @@ class _Capture:
     def __init__(self, service: str):
         self.service = service
         self.level = "info"
+        self.keep_noise = _verbose(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
         self.original = os.dup(2)
         read_fd, write_fd = os.pipe()
         for stream in (sys.stdout, sys.stderr):
@@ -128,7 +161,7 @@ class _Capture:
     def _write(self, lines: list[bytes]) -> None:
         out = []
         for line in lines:
-            if line.strip():
+            if line.strip() and (self.keep_noise or not any(n.encode() in line for n in KNOWN_NOISE)):
                 text, self.level = wrap_line(line.decode(errors="replace"), self.service, self.level)
                 out.append(text)
         if out:

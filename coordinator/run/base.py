@@ -40,9 +40,14 @@ class RunBase:
         self._log_file = open(self.run_dir / "logs" / "coordinator.log", "a")
         self.log = file_logger("coordinator", self._log_file).bind(run_id=self.run_dir.name)
         self.status = RunStatus(self.run_dir.name)
-        self.metrics = MetricsLog(self.run_dir, cfg.logger, self.run_dir.name)
+        self.metrics = MetricsLog(self.run_dir, cfg.logger, self.run_dir.name, on_sink_error=self._sink_failed)
         self.timings: dict[str, float] = {}
         self._started = time.perf_counter()
+
+    def _sink_failed(self, name: str, exc: Exception) -> None:
+        self.log.warning("metric_sink_dropped", sink=name, error=f"{type(exc).__name__}: {exc}"[:500])
+        self.progress.note(f"[yellow]{name} failed and is no longer written ({type(exc).__name__}: {exc}); "
+                           "metrics.jsonl has every metric[/]")
 
     def _begin(self, title: str) -> None:
         self._started = time.perf_counter()

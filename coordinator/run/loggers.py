@@ -3,6 +3,9 @@ NeMo-RL's keys). Each gets the same scalars under the same names (`<phase>/<metr
 steps (the phase's own step: an SFT row at its SFT step, a GRPO row at its GRPO step), the
 resolved config, and the sample generations of each validation.
 
+MLflow's names differ in one way: after the phase, `/` becomes `.` (its file store keeps a
+metric as a file, so `grpo/reward_mean` and `grpo/reward_mean/arithmetic` cannot both exist).
+
 W&B keeps one step counter per run and refuses to go back, while a run's phases each count
 from 1; so every phase gets its own step metric (`<phase>/step`) and its scalars are plotted
 against it (define_metric), which is how NeMo-RL logs its phases too. In offline mode the run is
@@ -140,6 +143,9 @@ class MlflowSink:
 
         section = cfg.mlflow
         uri = section.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):  # MLflow 3 keeps its file store only on request (no database to set up)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # nothing leaves the machine unless asked
         self._client = MlflowClient(tracking_uri=uri)
         experiment = self._client.get_experiment_by_name(section.experiment_name)
         experiment_id = (experiment.experiment_id if experiment is not None else
@@ -173,5 +179,8 @@ class MlflowSink:
 
 
 def _mlflow_key(key: str) -> str:
-    """MLflow allows letters, digits, _ - . / and spaces in names."""
-    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key)
+    """MLflow allows letters, digits, _ - . / and spaces in names. Its file store keeps a metric
+    as a file named by its path, so `grpo/reward_mean` and `grpo/reward_mean/arithmetic` cannot
+    both exist: after the phase, slashes become dots (`grpo/reward_mean.arithmetic`)."""
+    phase, _, name = key.partition("/")
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", f"{phase}/{name.replace('/', '.')}" if name else phase)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.config.run import LoggerConfig
@@ -18,8 +19,12 @@ from coordinator.run.plot import plot_run
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, logger: LoggerConfig | bool = True, run_name: str | None = None):
-        """logger: the logger section (a bool: TensorBoard on or off, nothing else)."""
+    def __init__(self, run_dir: Path, logger: LoggerConfig | bool = True, run_name: str | None = None,
+                 on_sink_error: Callable[[str, Exception], None] | None = None):
+        """logger: the logger section (a bool: TensorBoard on or off, nothing else). A sink that
+        fails (a full disk, a W&B server that went away) is dropped with on_sink_error(name, error):
+        the run goes on, metrics.jsonl keeps everything."""
+        self._on_sink_error = on_sink_error or (lambda name, exc: None)
         cfg = logger if isinstance(logger, LoggerConfig) else LoggerConfig(tensorboard_enabled=bool(logger))
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
@@ -31,8 +36,7 @@ class MetricsLog:
         self.history.append(row)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        for sink in self._sinks:
-            sink.scalars(phase, step, metrics)
+        self._each(lambda sink: sink.scalars(phase, step, metrics))
 
     def log_samples(self, phase: str, step: int, rows: list[dict]) -> None:
         """Sample generations of a validation (prompt, completion, answer, reward, correct, task)."""
@@ -40,12 +44,18 @@ class MetricsLog:
             return
         with open(self.samples_path, "a") as f:
             f.writelines(json.dumps({"phase": phase, "step": step, **row}) + "\n" for row in rows)
-        for sink in self._sinks:
-            sink.samples(phase, step, rows)
+        self._each(lambda sink: sink.samples(phase, step, rows))
 
     def log_config(self, params: dict) -> None:
-        for sink in self._sinks:
-            sink.config(params)
+        self._each(lambda sink: sink.config(params))
+
+    def _each(self, call: Callable[[object], None]) -> None:
+        for sink in list(self._sinks):
+            try:
+                call(sink)
+            except Exception as exc:  # noqa: BLE001 - a logging backend must not end a training run
+                self._sinks.remove(sink)
+                self._on_sink_error(type(sink).__name__, exc)
 
     def close(self) -> None:
         sinks, self._sinks = self._sinks, []

@@ -44,16 +44,18 @@ def plot_run(history: list[dict], path: Path, title: str) -> Path:
     for column, phase in enumerate(phases):
         for row, panel in enumerate(rows):
             ax = axes[row][column]
+            if not curves[phase][panel]:
+                ax.axis("off")  # nothing of this kind in this phase (no KL in SFT)
+                continue
             for label, source, key in curves[phase][panel]:
                 steps, values = _series(history, source, key)
-                style = "o-" if source != phase else "-"
+                style = "o-" if source != phase or len(steps) <= 30 else "-"
                 ax.plot(steps, values, style, label=label, alpha=0.85, markersize=3)
             ax.set_ylabel(panel)
             ax.grid(alpha=0.3)
             if panel == "reward / accuracy" and all(0 <= v <= 1 for line in ax.lines for v in line.get_ydata()):
                 ax.set_ylim(-0.02, 1.02)
-            if curves[phase][panel]:
-                ax.legend(loc="best", fontsize=8)
+            ax.legend(loc="best", fontsize=8)
             if row == 0:
                 ax.set_title(TRAINING_PHASES[phase])
         axes[-1][column].set_xlabel(f"{TRAINING_PHASES[phase]} step")

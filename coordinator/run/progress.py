@@ -25,6 +25,7 @@ from datetime import datetime
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 
 def _clock(seconds: float) -> str:
@@ -44,7 +45,7 @@ class RunProgress:
         if self.tty:
             self.console.print(text, highlight=False)
         else:
-            self._plain(text)
+            self._plain(Text.from_markup(text).plain)
 
     def _plain(self, text: str) -> None:
         file = self.console.file
