@@ -7,7 +7,8 @@ Three layers, from the cleanest to the catch-all:
    its workers); `vllm_logging_env` hands it a dictConfig file that uses the same formatter,
    at WARNING unless VLLM_LOGGING_LEVEL says otherwise (its INFO lines are start-up chatter).
 3. `capture_output` sends the process's file descriptors 1 and 2, inherited by its children,
-   through a pipe that a thread reads: a line that is JSON passes unchanged; anything else
+   through a pipe that a small forwarder process reads (it outlives a crash of the service, so
+   a fatal error's last lines are kept): a line that is JSON passes unchanged; anything else
    (C++ warnings from torch/gloo, tqdm bars, a traceback, print) becomes
    {"event": "output", "text": ...} with a level guessed from the line.
 """
@@ -19,8 +20,9 @@ import json
 import logging
 import os
 import re
+import signal
+import subprocess
 import sys
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -132,44 +134,24 @@ def wrap_line(text: str, service: str, previous_level: str = "info") -> tuple[st
 
 
 class _Capture:
+    """fds 1 and 2 go into a pipe read by a forwarder *process* (`python -m tandem.process_logs`):
+    a thread would die with a process that crashes, and with it that process's last words."""
+
     def __init__(self, service: str):
-        self.service = service
-        self.level = "info"
-        self.keep_noise = _verbose(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
         self.original = os.dup(2)
         read_fd, write_fd = os.pipe()
+        self.forwarder = subprocess.Popen([sys.executable, "-m", "tandem.process_logs", service], stdin=read_fd,
+                                          stdout=self.original, stderr=self.original, close_fds=True)
+        os.close(read_fd)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os.dup2(write_fd, 1)
         os.dup2(write_fd, 2)
         os.close(write_fd)
-        self.thread = threading.Thread(target=self._forward, args=(read_fd,), name="tandem-output", daemon=True)
-        self.thread.start()
-
-    def _forward(self, read_fd: int) -> None:
-        pending = b""
-        while True:
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            pending += chunk.replace(b"\r", b"\n")  # tqdm redraws its bar with carriage returns
-            *lines, pending = pending.split(b"\n")
-            self._write(lines)
-        self._write([pending])
-        os.close(read_fd)
-
-    def _write(self, lines: list[bytes]) -> None:
-        out = []
-        for line in lines:
-            if line.strip() and (self.keep_noise or not any(n.encode() in line for n in KNOWN_NOISE)):
-                text, self.level = wrap_line(line.decode(errors="replace"), self.service, self.level)
-                out.append(text)
-        if out:
-            os.write(self.original, ("\n".join(out) + "\n").encode())
 
     def release(self) -> None:
-        """At exit: give fds 1 and 2 back to the real stderr so the reader sees the end of what
-        this process wrote (children that outlive it keep the pipe open: bounded wait)."""
+        """At exit: give fds 1 and 2 back to the real stderr so the forwarder reads to the end of
+        what this process wrote (children that outlive it keep the pipe open: bounded wait)."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -177,7 +159,22 @@ class _Capture:
                 pass
         os.dup2(self.original, 1)
         os.dup2(self.original, 2)
-        self.thread.join(timeout=1.0)
+        try:
+            self.forwarder.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass  # it ends by itself once the last child holding the pipe has exited
+
+
+def forward(service: str, source, sink) -> None:
+    """Copy `source` to `sink` (binary streams) line by line, each line a JSON object."""
+    keep_noise = _verbose(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
+    level = "info"
+    for raw in source:
+        for line in raw.replace(b"\r", b"\n").split(b"\n"):  # tqdm redraws its bar with carriage returns
+            if line.strip() and (keep_noise or not any(n.encode() in line for n in KNOWN_NOISE)):
+                text, level = wrap_line(line.decode(errors="replace"), service, level)
+                sink.write(text.encode() + b"\n")
+        sink.flush()
 
 
 _active: _Capture | None = None
@@ -185,7 +182,7 @@ _active: _Capture | None = None
 
 def capture_output(service: str) -> None:
     """Route fds 1 and 2 of this process (and of the children it starts from now on) through
-    a thread that writes JSON lines to the real stderr; idempotent."""
+    a forwarder process that writes JSON lines to the real stderr; idempotent."""
     global _active
     if _active is None:
         _active = _Capture(service)
@@ -199,3 +196,9 @@ def json_everywhere(service: str) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     capture_output(service)
     route_stdlib_logging(service)
+
+
+if __name__ == "__main__":  # the forwarder: stops at the end of its input, not on the signals sent to its group
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    forward(sys.argv[1], sys.stdin.buffer, sys.stdout.buffer)

@@ -69,7 +69,7 @@ def check_engine(cfg: ExperimentConfig) -> str:
         return f"{cfg.algorithm.value}: the trainer alone (no generation engine)"
     if not cfg.policy.generation.backend.separate_services:
         return "the trainer's Megatron model generates (checked when the trainer starts)"
-    if model_dir is None:
+    if cfg.policy.model_name is None:
         return "vLLM serves the embedded Llama model"
     architectures = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or []
     from vllm.model_executor.models import ModelRegistry

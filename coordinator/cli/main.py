@@ -13,10 +13,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from rich.console import Console
+
+
+def _console(stderr: bool = True) -> Console:
+    """Rich output; off a terminal, lines are not wrapped at 80 columns (logs, pipes, CI)."""
+    console = Console(stderr=stderr)
+    console.soft_wrap = not console.is_terminal
+    if not console.is_terminal:  # third-party progress bars (model saving, downloads) are for terminals
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    return console
 
 
 def _load(args: argparse.Namespace, console: Console):
@@ -31,7 +42,7 @@ def _load(args: argparse.Namespace, console: Console):
 
 
 def _run(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = _console()
     cfg = _load(args, console)
     if cfg is None:
         return 2
@@ -64,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = _console()
     cfg = _load(args, console)
     if cfg is None:
         return 2
@@ -77,7 +88,7 @@ def _config(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from coordinator.cli.eval_cmd import evaluate
 
-    console = Console(stderr=True)
+    console = _console()
     if args.model:
         args.overrides.append(f"policy.model_name={args.model}")
     cfg = _load(args, console)
@@ -87,7 +98,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from coordinator.cli.status import show_status
 
-    return show_status(args.coordinator, args.run_dir, Console())
+    return show_status(args.coordinator, args.run_dir, _console(stderr=False))
 
 
 def _parser() -> argparse.ArgumentParser:

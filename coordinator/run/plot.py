@@ -29,6 +29,15 @@ def _curves(history: list[dict], phase: str) -> dict[str, list[tuple[str, str, s
 
 
 def plot_run(history: list[dict], path: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(history, title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def build_figure(history: list[dict], title: str):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,6 +70,4 @@ def plot_run(history: list[dict], path: Path, title: str) -> Path:
         axes[-1][column].set_xlabel(f"{TRAINING_PHASES[phase]} step")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
