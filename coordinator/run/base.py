@@ -42,6 +42,8 @@ class RunBase:
         self.status = RunStatus(self.run_dir.name)
         self.metrics = MetricsLog(self.run_dir, cfg.logger, self.run_dir.name, on_sink_error=self._sink_failed)
         self.timings: dict[str, float] = {}
+        self.last_validation: dict[str, float] = {}
+        """The metrics of the latest held-out check."""
         self._started = time.perf_counter()
 
     def _sink_failed(self, name: str, exc: Exception) -> None:
@@ -104,6 +106,7 @@ class RunBase:
         """Log a held-out check (metrics at the phase's step, its first logger.num_val_samples_to_print
         generations, its time in timings["val_s"]) and say it on the console."""
         self.metrics.log(phase, step, result)
+        self.last_validation = dict(result)
         self.metrics.log_samples(phase, step, list(samples[: self.cfg.logger.num_val_samples_to_print]))
         self.timings["val_s"] = self.timings.get("val_s", 0.0) + seconds
         self.log.info("validation", phase=phase, step=step, seconds=round(seconds, 3), **result)

@@ -83,7 +83,7 @@ class Run(RunBase):
             ctx.publish()
             accuracy_start = self._validate(ctx, val, step=0)
         elif accuracy_start is not None:
-            self.metrics.log("val", 0, {"accuracy": accuracy_start})  # GRPO's starting point, for the plot
+            self.metrics.log("val", 0, dict(self.last_validation))  # GRPO's starting point: the last SFT check
         summary["accuracy_before"] = self.accuracy_before = accuracy_start
         ctx.cursor = PromptCursor(train, cfg.grpo.seed)
         if resumed is not None:

@@ -114,7 +114,7 @@ def _host_status(port: int) -> str:
 def _run_the_readme_flow(env: dict, port: int, timings: dict) -> dict:
     """up -d; status from the host; the reward swap mid-run; wait; every service exits by itself."""
     clock = time.perf_counter()
-    _sh("docker", "compose", "up", "-d", env=env, timeout=900)
+    up = _sh("docker", "compose", "up", "-d", env=env, timeout=900)
     _wait_for_line(env, r"services up in", timeout_s=1500)
     timings["up_to_services_s"] = time.perf_counter() - clock
     status = _host_status(port)
@@ -134,6 +134,7 @@ def _run_the_readme_flow(env: dict, port: int, timings: dict) -> dict:
         result = _sh("docker", "logs", cid, env=env, timeout=60)
         logs[cid] = result.stdout + result.stderr
     return {"wait": waited, "output": _coordinator_output(env), "status": status, "swap": swap.stdout + swap.stderr,
+            "up": up.stdout + up.stderr,
             "states": states, "states_before_swap": first_reward, "generator_logs": logs}
 
 
@@ -175,6 +176,13 @@ def test_the_run_ends_with_the_accuracy_gain_and_exit_code_zero(stack):
     assert stack["wait"].returncode == 0, stack["output"][-6000:]
     assert re.search(r"held-out accuracy: [\d.]+% before GRPO -> [\d.]+% after", stack["output"]), stack["output"][-3000:]
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d grpo step 4/4", stack["output"], re.M)  # progress lines
+
+
+def test_compose_says_nothing_alarming_when_starting_the_stack(stack):
+    lines = [line for line in stack["up"].splitlines() if line.strip()]
+    expected = ("Container ", "Network ", "Volume ", "IPv4 forwarding is disabled")  # the last: see README
+    assert all(line.strip().startswith(expected) or "IPv4 forwarding is disabled" in line for line in lines), lines
+    assert not [line for line in lines if re.search(r"(?i)pull|error|denied", line)], lines
 
 
 def test_every_service_exits_zero_by_itself_when_the_run_ends(stack):
