@@ -44,9 +44,10 @@ def annotated_config(cfg: ExperimentConfig, path: str | Path | None, overrides: 
             return f"derived: {derived[key]}"
         return "file" if key in from_file else "default"
 
-    lines = [f"# tandem config: {path or 'the embedded demo'}" + (f" + {len(overrides)} override(s)" if overrides else ""),
-             f"# algorithm {cfg.algorithm.value}, training backend {cfg.policy.backend.value}; "
-             "after each key: default | file | override | derived: why"]
+    extra = f" + {len(overrides)} override(s)" if overrides else ""
+    lines = [f"# tandem config: {path or 'the embedded demo'}{extra}",
+             (f"# algorithm {cfg.algorithm.value}, training backend {cfg.policy.backend.value}; "
+              "after each key: default | file | override | derived: why")]
 
     def walk(node: dict, prefix: tuple[str, ...], indent: int) -> None:
         for key, value in node.items():

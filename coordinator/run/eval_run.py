@@ -19,7 +19,6 @@ from pathlib import Path
 from rich.console import Console
 
 from coordinator.cluster.inference import InferenceCluster
-from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.services import GeneratorHandle, Services
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import read_jsonl

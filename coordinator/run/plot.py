@@ -67,7 +67,9 @@ def build_figure(history: list[dict], title: str):
             ax.legend(loc="best", fontsize=8)
             if row == 0:
                 ax.set_title(TRAINING_PHASES[phase])
-        axes[-1][column].set_xlabel(f"{TRAINING_PHASES[phase]} step")
+        lowest = max(row for row, panel in enumerate(rows) if curves[phase][panel] or row == 0)
+        axes[lowest][column].set_xlabel(f"{TRAINING_PHASES[phase]} step")
+        axes[lowest][column].tick_params(labelbottom=True)  # the panels below it are empty
     fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -69,7 +69,8 @@ def test_compose_model_has_what_the_stack_relies_on(project):
         assert runs["type"] == "bind" and runs["source"] == str(project / "runs"), name
     assert "runs" not in json.loads(result.stdout).get("volumes", {})
     for name, svc in services.items():  # a stop drains within the grace period; files belong to TANDEM_UID
-        assert svc["user"] == "1000:1000" and svc["pull_policy"] in ("never", "build"), name
+        assert svc["user"] == "1000:1000", name
+        assert svc["pull_policy"] == "never", name  # built here (`up --build`), never pulled
     assert services["generator"]["stop_grace_period"] == "1m30s"  # more than drain_timeout_s (60 s)
     assert not services["trainer"].get("deploy", {}).get("resources", {}).get("reservations")  # cpu runs anywhere
     gpu = json.loads(_compose(project, "config", "--format", "json", profiles="gpu").stdout)["services"]
