@@ -14,9 +14,11 @@ def evaluate(cfg: ExperimentConfig, checkpoint: Path | None, console: Console) -
     from coordinator.cli.execute import execute
     from coordinator.run.eval_run import EvalRun
 
+    from coordinator.run.loggers import SinkError
+
     try:
         run = EvalRun(cfg, console, checkpoint)
-    except ValueError as exc:
+    except (ValueError, SinkError, PermissionError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
     code, summary = execute(run, console)

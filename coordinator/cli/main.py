@@ -51,11 +51,12 @@ def _run(args: argparse.Namespace) -> int:
 
         return dry_run(cfg, console)
     from coordinator.run.create import create_run
+    from coordinator.run.loggers import SinkError
     from coordinator.run.resume import NothingToResume
 
     try:
         run = create_run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
-    except (NothingToResume, ValueError) as exc:
+    except (NothingToResume, ValueError, SinkError, PermissionError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
     from coordinator.cli.execute import execute

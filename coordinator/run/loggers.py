@@ -26,6 +26,10 @@ from coordinator.config.run import LoggerConfig
 SAMPLE_COLUMNS = ("task", "prompt", "completion", "answer", "reward", "correct")
 
 
+class SinkError(RuntimeError):
+    """A logger the config enables cannot start; the message names the key and what to change."""
+
+
 class Sink(Protocol):
     def scalars(self, phase: str, step: int, metrics: dict[str, float]) -> None: ...
     def samples(self, phase: str, step: int, rows: list[dict]) -> None: ...
@@ -38,10 +42,17 @@ def build_sinks(cfg: LoggerConfig, run_dir: Path, run_name: str) -> list[Sink]:
     sinks: list[Sink] = []
     if cfg.tensorboard_enabled:
         sinks.append(TensorBoardSink(Path(cfg.tensorboard.log_dir or run_dir / "tensorboard")))
-    if cfg.wandb_enabled:
-        sinks.append(WandbSink(cfg, run_dir, run_name))
-    if cfg.mlflow_enabled:
-        sinks.append(MlflowSink(cfg, run_dir, run_name))
+    for key, enabled, sink in (("logger.wandb_enabled", cfg.wandb_enabled, WandbSink),
+                               ("logger.mlflow_enabled", cfg.mlflow_enabled, MlflowSink)):
+        if not enabled:
+            continue
+        try:
+            sinks.append(sink(cfg, run_dir, run_name))
+        except SinkError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the library raises, say which key and what to try
+            hint = "logger.wandb.mode=offline, or WANDB_API_KEY" if sink is WandbSink else "logger.mlflow.tracking_uri"
+            raise SinkError(f"{key}: {type(exc).__name__}: {exc} (check {hint}, or set {key}=false)") from None
     return sinks
 
 
@@ -49,8 +60,8 @@ def _require(module: str, package: str, key: str):
     try:
         return __import__(module)
     except ImportError:
-        raise RuntimeError(f"{key} needs the {package} package: pip install {package} "
-                           f"(or set {key}=false)") from None
+        raise SinkError(f"{key} needs the {package} package: pip install {package} "
+                        f"(or set {key}=false)") from None
 
 
 def flatten(params: dict, prefix: str = "") -> dict[str, object]:

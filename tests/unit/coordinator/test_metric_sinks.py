@@ -90,3 +90,14 @@ def test_the_plot_has_a_column_per_phase_named_axes_and_the_run_name(tmp_path):
     fig = build_figure(dpo + [{"phase": "val", "step": 2, "accuracy": 0.6}], "dpo-run")
     assert [a.get_xlabel() for a in fig.axes] == ["", "DPO step"] and fig.axes[1].get_ylabel() == "reward / accuracy"
     assert plot_run(history, tmp_path / "curves.png", "demo-run").stat().st_size > 10_000
+
+
+def test_a_logger_that_cannot_start_is_one_error_naming_its_key(tmp_path, monkeypatch):
+    from coordinator.run.loggers import SinkError
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no W&B login to find
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(SinkError, match=r"logger\.wandb_enabled: .*logger\.wandb\.mode=offline"):
+        MetricsLog(tmp_path, LoggerConfig(tensorboard_enabled=False, wandb_enabled=True))
