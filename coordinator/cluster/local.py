@@ -87,21 +87,27 @@ class LocalCluster:
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
             if self.cfg.cluster.launch == "local":
-                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher,
-                           trainer_only=self.trainer_only)
+                self._launch()
             else:
                 self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
                               tasks=sorted(self.cfg.env))
             if self.meanwhile is not None:
                 self.meanwhile()
-            self.registry.wait_for(all_registered(self.cfg, self.trainer_only), self.cfg.cluster.startup_timeout_s,
-                                   check=self.launcher.check)
+            self.registry.wait_for(self._ready(), self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
             self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
         except BaseException:
             self.close()
             raise
         self.startup_s = time.perf_counter() - started
         return self.services
+
+    def _launch(self) -> None:
+        """Start the run's services as local children (cluster.launch local)."""
+        launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher, trainer_only=self.trainer_only)
+
+    def _ready(self):
+        """The predicate over live members that start-up waits for."""
+        return all_registered(self.cfg, self.trainer_only)
 
     def _serve(self) -> str:
         try:

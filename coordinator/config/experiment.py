@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import warnings
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from coordinator.config.algorithms import GRPOConfig, LossConfig, SFTConfig
 from coordinator.config.data import DataConfig
+from coordinator.config.defaults import check_lengths, derived_defaults
 from coordinator.config.env import EnvConfig
 from coordinator.config.policy import PolicyConfig
 from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
@@ -35,6 +36,21 @@ class ExperimentConfig(Section):
     """Reward-model training on preference pairs; its presence makes the run RM."""
     algorithm: Algorithm | None = Field(None, exclude=True)
     """Resolved from the dpo / rm sections at load; not a key to set."""
+    _derived: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _model_defaults(self) -> ExperimentConfig:
+        """Fill the keys whose default depends on the model or on other keys (config/defaults.py)."""
+        replaced, self._derived = derived_defaults(self)
+        for name, section in replaced.items():
+            object.__setattr__(self, name, section)
+        check_lengths(self)
+        return self
+
+    @property
+    def derived(self) -> dict[str, str]:
+        """Dotted key -> why it has its value, for the keys filled in at load (config/defaults.py)."""
+        return dict(self._derived)
 
     @model_validator(mode="after")
     def _resolve_trainer_ranks(self) -> ExperimentConfig:
