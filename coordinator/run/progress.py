@@ -56,30 +56,19 @@ class RunProgress:
     def waiting(self, what: str, describe: Callable[[], str]) -> Iterator[None]:
         """While the block runs: a spinner with `describe()` in a terminal; otherwise a line now
         and one every interval_s, each with the time waited and `describe()`."""
-        started, done = time.monotonic(), threading.Event()
+        started = time.monotonic()
 
         def text() -> str:
             detail = describe()
             return f"{what} ({time.monotonic() - started:.0f}s){': ' + detail if detail else ''}"
 
         if self.tty:
-            with self.console.status(f"{what}...") as status:
-                thread = threading.Thread(target=self._spin, args=(status, text, done), daemon=True)
-                thread.start()
-                try:
-                    yield
-                finally:
-                    done.set()
-                    thread.join(timeout=2)
+            with self.console.status(f"{what}...") as status, _repeating(self._spin, status, text):
+                yield
             return
         self._plain(text())
-        thread = threading.Thread(target=self._tick, args=(text, done), daemon=True)
-        thread.start()
-        try:
+        with _repeating(self._tick, text):
             yield
-        finally:
-            done.set()
-            thread.join(timeout=2)
 
     def _spin(self, status, text: Callable[[], str], done: threading.Event) -> None:
         while not done.wait(1.0):
@@ -132,3 +121,16 @@ class PhaseBar:
         timing = f"{_clock(elapsed)} elapsed" + (f", ~{_clock(left)} left" if left and self.completed < self.total else "")
         return (f"{self.name} {self.unit} {self.completed}/{self.total}{share}  {timing}"
                 + (f"  | {description}" if description else ""))
+
+
+@contextmanager
+def _repeating(target: Callable[..., None], *args) -> Iterator[None]:
+    """`target(*args, done)` in a daemon thread while the block runs; `done` is set at its end."""
+    done = threading.Event()
+    thread = threading.Thread(target=target, args=(*args, done), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=2)
