@@ -62,6 +62,7 @@ class ExperimentConfig(Section):
         if not self.policy.generation.backend.separate_services and self.cluster.num_generators != 1:
             warnings.warn("cluster.num_generators is ignored with policy.generation.backend=megatron: the trainer "
                           "is the one generator", stacklevel=2)
+        self._completion_fits()
         if self.data.default_task not in self.env:
             raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
         return self
@@ -94,3 +95,16 @@ class ExperimentConfig(Section):
                              f"exceed the completion budget ({budget}, grpo.reward_shaping.max_response_length or "
                              "policy.generation.max_new_tokens)")
         return self
+
+    def _completion_fits(self) -> None:
+        """A completion of max_new_tokens must leave room for a prompt in what the generators take."""
+        generation = self.policy.generation
+        if not self.algorithm.uses_rollouts:
+            return
+        limit, key = ((generation.vllm_cfg.max_model_len, "policy.generation.vllm_cfg.max_model_len")
+                      if generation.backend.separate_services
+                      else (self.policy.max_total_sequence_length, "policy.max_total_sequence_length"))
+        if generation.max_new_tokens >= limit:
+            raise ValueError(f"policy.generation.max_new_tokens ({generation.max_new_tokens}) leaves no room for a "
+                             f"prompt within {key} ({limit}), the longest prompt + completion the generators take: "
+                             f"lower max_new_tokens or raise {key}")

@@ -1,0 +1,58 @@
+"""Everything a run reads, read and checked before it creates its directory or starts a service:
+the paths it will write and the memory it will reserve (coordinator/config/checks.py), the
+model's files (coordinator/data/model_files.py), every row of its data and the token length of
+every prompt (coordinator/data/validate.py), and that each task of the data has an env section.
+
+`check_inputs` raises the first problem as a ConfigError naming the key (and file, and line)
+and what to change; warnings (prompts past policy.max_total_sequence_length) go to the console.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from coordinator.config import ConfigError, ExperimentConfig
+from coordinator.config.checks import check_machine
+from coordinator.data.model_files import check_model_dir
+from coordinator.data.validate import check_lengths, load_examples, load_pairs, load_tokens, measure_prompts
+from coordinator.loop.scoring import check_tasks_configured
+from coordinator.run.paths import prepare_inputs
+
+
+def check_inputs(cfg: ExperimentConfig, console: Console | None = None) -> tuple[str, Path, Path | None]:
+    """Check the run's inputs (building the embedded ones if asked); returns what
+    run.paths.prepare_inputs returns: the model directory and the train/val files."""
+    check_machine(cfg)
+    _check_user_paths(cfg)
+    model_dir, train_path, val_path = prepare_inputs(cfg)
+    check_model_dir(model_dir, "policy.model_name" if cfg.policy.model_name else "the embedded model's cache")
+    for task, env in cfg.env.items():
+        if env.scorer.needs_model and env.reward_model.model_name is not None:
+            check_model_dir(env.reward_model.model_name, f"env.{task}.reward_model.model_name")
+    sources = {"data.train_path": train_path, "data.val_path": val_path}
+    if not cfg.algorithm.uses_rollouts:
+        for key, path in sources.items():
+            if path is not None:
+                load_pairs(path, cfg.data, key)
+        return model_dir, train_path, val_path
+    data = {key: load_examples(path, cfg.data, key) for key, path in sources.items() if path is not None}
+    check_tasks_configured({f"{key} ({sources[key]})": {e.task for e in rows} for key, rows in data.items()},
+                           set(cfg.env))
+    tokens = load_tokens(model_dir)
+    for key, rows in data.items():
+        warning = check_lengths(cfg, measure_prompts(cfg, tokens, rows, f"{key} ({sources[key]})"))
+        if warning and console is not None:
+            console.print(f"[yellow]warning:[/] {warning}")
+    return model_dir, train_path, val_path
+
+
+def _check_user_paths(cfg: ExperimentConfig) -> None:
+    """The data files a jsonl run names exist, before anything is built."""
+    if cfg.data.dataset_name != "jsonl":
+        return
+    for key in ("train_path", "val_path"):
+        value = getattr(cfg.data, key)
+        if value is not None and not Path(value).exists():
+            raise ConfigError(f"data.{key}: {value} does not exist; give the path of a JSONL file")
