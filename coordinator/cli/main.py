@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -24,16 +25,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return 2
     from coordinator.cluster.launcher import ServiceDied
     from coordinator.run.create import create_run
-    from coordinator.run.resume import NothingToResume
+    from coordinator.run.resume import NothingToResume, RunFinished
 
     try:
         run = create_run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
+    except RunFinished as exc:
+        console.print(escape(str(exc)))
+        return 0
     except (NothingToResume, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return 2
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -42,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130
     except (ServiceDied, TimeoutError) as exc:
-        console.print(f"[red]error:[/] {exc}\n(every service this run started was stopped)")
+        console.print(f"[red]error:[/] {escape(str(exc))}\n(every service this run started was stopped)")
         return 1
     before, after = summary.get("accuracy_before"), summary.get("accuracy_after")
     if before is not None and after is not None:

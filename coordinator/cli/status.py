@@ -44,4 +44,7 @@ def show_status(address: str | None, run_dir: Path | None, console: Console) -> 
         table.add_row(m.member_id, m.kind, m.address, str(m.pid), f"v{m.weight_version}", load, m.health,
                       f"{m.last_seen_ms_ago} ms ago")
     console.print(table)
+    if s.service_restarts:
+        relaunched = ", ".join(f"{name} x{count}" for name, count in sorted(s.service_restarts.items()))
+        console.print(f"relaunched: {relaunched}")
     return 0

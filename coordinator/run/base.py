@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from coordinator.cluster.local import HostedService, LocalCluster
@@ -44,7 +45,8 @@ class RunBase:
     def _services(self, model_dir: str, waiting_on: str, adopt: bool = False) -> Iterator[tuple[Services, LocalCluster]]:
         """Start (or adopt) the run's services; every one is stopped when the block ends."""
         cluster = LocalCluster(self.cfg, model_dir, self.run_dir, run_token(self.run_dir), self.log, self.status,
-                               self.hosted, adopt=adopt)
+                               self.hosted, adopt=adopt,
+                               notify=lambda text: self.console.print(f"[yellow]{escape(text)}[/]"))
         with self.console.status(f"starting {waiting_on}..."):
             services = cluster.__enter__()  # stops whatever it started if start-up fails
         try:

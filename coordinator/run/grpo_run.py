@@ -108,6 +108,7 @@ class Run(RunBase):
             metrics = grpo_step(ctx, step)
             if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
                 metrics["val_accuracy"] = self._validate(ctx, val, step)
+            metrics["service_restarts"] = float(sum(cluster.launcher.restarts.values()))
             if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
                 self._checkpoint(ctx, step, metrics)
             return metrics
@@ -118,7 +119,8 @@ class Run(RunBase):
                 self._loop("grpo", cfg.grpo.max_num_steps, step_fn, cluster.launcher.check, first_step=first_step)
                 return
             except Exception as exc:
-                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher):
+                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher,
+                                                                                      exc):
                     raise
                 restarts += 1
                 first_step = self._restart_trainer(ctx, train, cluster, exc) + 1

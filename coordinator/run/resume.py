@@ -27,6 +27,10 @@ class NothingToResume(ValueError):
     """`--resume` was asked for a run that has no complete checkpoint."""
 
 
+class RunFinished(NothingToResume):
+    """`--resume` was asked for a run that finished (it has a summary.json): nothing to do."""
+
+
 @dataclass
 class LoopState:
     step: int
@@ -88,6 +92,10 @@ def find_for(cfg) -> tuple[Path, LoopState]:
     if not cfg.logger.run_name:
         raise NothingToResume("--resume needs logger.run_name: the run to resume is <logger.log_dir>/<run_name>")
     run_dir = Path(cfg.logger.log_dir).resolve() / cfg.logger.run_name
+    if (run_dir / "summary.json").is_file():
+        raise RunFinished(f"run {cfg.logger.run_name} has finished ({run_dir / 'summary.json'}): there is nothing to "
+                          "resume, and nothing was changed. To train further, start a new run (another "
+                          "logger.run_name) from its checkpoint's model")
     return find(checkpoint_root(cfg.checkpointing.checkpoint_dir, run_dir))
 
 
