@@ -6,8 +6,10 @@ Servers are `grpc.aio`; each one gets, in this order:
 - an error interceptor: the one place where exceptions become status codes
   (ValueError -> INVALID_ARGUMENT, FailedPrecondition -> FAILED_PRECONDITION,
   TimeoutError -> DEADLINE_EXCEEDED, ConnectionError -> UNAVAILABLE, else INTERNAL);
-- `grpc.health.v1` (the named service NOT_SERVING until the service calls `mark_ready`)
-  and reflection, so `grpcurl` works against it.
+- `grpc.health.v1` and reflection, so `grpcurl` works against it. Health of each named service
+  and of the whole server ("") is NOT_SERVING until the service calls `mark_ready` (its model
+  or engine is loaded), and again whenever it calls `mark_not_serving` (draining, stopping, or
+  weights in an unknown state): a probe of "" never says SERVING for a server still loading.
 
 Clients are synchronous channels that attach the token; every stub call in the typed
 clients passes a deadline (`timeout=`), and a failed call raises `RpcFailure` (the typed clients'
@@ -242,11 +244,12 @@ class RunningServer:
         return f"{self.host}:{self.port}"
 
     async def mark_ready(self) -> None:
-        for name in self.service_names:
+        """Every named service and the whole server ("") SERVING."""
+        for name in ("", *self.service_names):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def mark_not_serving(self) -> None:
-        for name in self.service_names:
+        for name in ("", *self.service_names):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def stop(self, grace_s: float = 5.0) -> None:
@@ -263,7 +266,8 @@ async def start_server(
     token: str,
     log: Any,
 ) -> RunningServer:
-    """Start an aio server on host:port (0 = any free port). Health is NOT_SERVING until mark_ready."""
+    """Start an aio server on host:port (0 = any free port). Health ("" and each named service)
+    is NOT_SERVING until mark_ready."""
     server = grpc.aio.server(interceptors=[AuthInterceptor(token), ErrorInterceptor(log)], options=CHANNEL_OPTIONS)
     for add in register:
         add(server)
@@ -274,10 +278,9 @@ async def start_server(
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind {host}:{port}")
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)  # liveness
-    for name in names:
+    for name in ("", *names):  # before the port answers: no probe ever sees SERVING too early
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.start()
     log.info("grpc_listening", address=f"{host}:{bound}", services=list(names))
     return RunningServer(server, bound, host, health_servicer, names, token)
 

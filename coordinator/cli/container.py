@@ -97,7 +97,7 @@ def model_dir(cfg) -> str:
 
 def torchrun(args: argparse.Namespace, ranks: int) -> list[str]:
     """torchrun on one host (standalone) or one node of a multi-node rendezvous."""
-    head = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.ranks or ranks}"]
+    head = [sys.executable, "-m", "trainer_svc.torchrun", f"--nproc-per-node={args.ranks or ranks}"]
     if args.nnodes == 1:
         return [*head, "--standalone"]
     if not args.rdzv_endpoint:
