@@ -83,7 +83,7 @@ class Supervisor:
                     continue
                 delay = min(self._backoff_s * 2 ** done, self._max_backoff_s)
                 self._due[name] = now + delay
-                self._say(f"{name} exited (code {code}); relaunching it in {delay:.0f}s "
+                self._say(f"{name} exited (code {code}); relaunching it in {delay:g}s "
                           f"(relaunch {done + 1} of {self._max_restarts})", event="service_exited")
             elif now >= self._due[name]:
                 del self._due[name]
@@ -123,7 +123,10 @@ class Supervisor:
                 parts.append(f"{name} given up after {self._launcher.restarts.get(name, 0)} relaunches")
             else:
                 parts.append(f"{name} relaunched {now - self._relaunched_at[name]:.0f}s ago, starting")
-        return "; ".join(parts) or "none has registered; start one with --coordinator <this run's address>"
+        if parts:
+            return "; ".join(parts)
+        return ("none is live; the run relaunches what it launched as soon as it notices" if self._relaunch
+                else "none has registered; start one with --coordinator <this run's address>")
 
     def _say(self, text: str, *, event: str) -> None:
         self._log.warning(event, message=text)

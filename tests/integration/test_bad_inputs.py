@@ -71,8 +71,11 @@ def _files(ws: Path) -> None:
 
 def _cases(ws: Path) -> list[tuple[str, list[str], str]]:
     """(id, arguments of `tandem run`, text the message must hold)."""
-    w = str(ws)
-    data = [
+    return _data_cases(str(ws)) + _model_cases(str(ws)) + _config_cases(str(ws))
+
+
+def _data_cases(w: str) -> list[tuple[str, list[str], str]]:
+    return [
         ("train_missing", [*DATA, "data.train_path=missing.jsonl"], "data.train_path: missing.jsonl does not exist"),
         ("train_directory", [*DATA, f"data.train_path={w}/adir"], "adir is a directory"),
         ("train_empty", [*DATA, f"data.train_path={w}/empty.jsonl"], "empty.jsonl holds no examples"),
@@ -94,7 +97,10 @@ def _cases(ws: Path) -> list[tuple[str, list[str], str]]:
         ("pairs_no_rejected", ["dpo={}", *DATA, f"data.train_path={w}/pairs_no_rejected.jsonl"],
          "missing keys ['rejected']"),
     ]
-    model = [
+
+
+def _model_cases(w: str) -> list[tuple[str, list[str], str]]:
+    return [
         ("model_missing", ["policy.model_name=no_such_model"], "policy.model_name"),
         ("model_is_a_file", [f"policy.model_name={w}/afile"], "policy.model_name"),
         ("model_cfg_corrupt", [f"policy.model_name={w}/model_cfg_corrupt"], "config.json is not valid JSON"),
@@ -110,7 +116,10 @@ def _cases(ws: Path) -> list[tuple[str, list[str], str]]:
                                     f"env.arithmetic.reward_model.model_name={w}/model_cfg_empty"],
          "env.arithmetic.reward_model.model_name"),
     ]
-    config = [
+
+
+def _config_cases(w: str) -> list[tuple[str, list[str], str]]:
+    return [
         ("config_missing", ["missing.yaml"], "missing.yaml does not exist"),
         ("config_directory", [f"{w}/adir"], "adir is a directory"),
         ("config_binary", [f"{w}/binary.yaml"], "binary.yaml is not UTF-8 text"),
@@ -145,7 +154,6 @@ def _cases(ws: Path) -> list[tuple[str, list[str], str]]:
         ("resume_without_run_name", ["--resume"], "--resume needs logger.run_name"),
         ("resume_nothing", ["--resume", "logger.run_name=never_ran"], "nothing to resume"),
     ]
-    return data + model + config
 
 
 def _processes_in(cwd: Path) -> list[int]:
