@@ -2,7 +2,8 @@
 
 A background thread, started once every service has registered and stopped before they are:
 
-- Relaunch. A generator or reward service the run launched that exits is relaunched by the
+- Relaunch. A generator or reward service the run launched that dies (a non-zero exit: a
+  crash, a kill; exit code 0 is a service told to stop, and stays stopped) is relaunched by the
   launcher after a backoff (cluster.restart_backoff_s, doubled for each earlier relaunch of that
   service), at most cluster.max_service_restarts times each; then it is given up on (the run
   goes on with the others, or waits for one to join). The trainer is not relaunched here: its
@@ -76,6 +77,10 @@ class Supervisor:
                 continue
             done = self._launcher.restarts.get(name, 0)
             if name not in self._due:
+                if code == 0:  # told to stop (SIGTERM: a drain, a swap, scaling down): not a crash
+                    self._given_up.add(name)
+                    self._say(f"{name} stopped cleanly (exit code 0): not relaunching it", event="service_stopped")
+                    continue
                 if done >= self._max_restarts:
                     self._given_up.add(name)
                     self._say(f"{name} exited (code {code}) and was relaunched {done} times already "

@@ -97,3 +97,12 @@ def test_without_relaunching_it_only_says_what_it_waits_for():
     assert {n.split(" (")[0] for n in notices} == {"waiting for the trainer", "waiting for a generator",
                                                    "waiting for the reward service of task 'arithmetic'"}
     assert all("none has registered" in n for n in notices)
+
+
+def test_a_service_that_stopped_cleanly_is_not_relaunched():
+    launcher, registry, notices = FakeLauncher(), FakeRegistry(TRAINER, GENERATOR, REWARD), []
+    supervisor, _ = _supervisor(launcher, registry, notices)
+    launcher.dead["generator-1"] = 0  # drained after SIGTERM (scaling down)
+    for now in (0.0, 5.0, 60.0):
+        supervisor.tick(now)
+    assert launcher.relaunched == [] and notices == ["generator-1 stopped cleanly (exit code 0): not relaunching it"]
