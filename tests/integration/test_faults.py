@@ -24,7 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-STEPS = 9
+STEPS = 20  # steps take seconds: enough that all three faults land before the end, even on a quiet box
 ARGS = ["run", "sft.max_num_steps=0", f"grpo.max_num_steps={STEPS}", "grpo.val_period=0", "grpo.max_val_samples=8",
         "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
         "policy.train_micro_batch_size=8", "checkpointing.save_period=1", "data.num_train=200", "data.num_val=8",
