@@ -9,6 +9,7 @@ and what to change; warnings (prompts past policy.max_total_sequence_length) go 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 from rich.console import Console
@@ -24,6 +25,11 @@ from coordinator.run.paths import prepare_inputs
 def check_inputs(cfg: ExperimentConfig, console: Console | None = None) -> tuple[str, Path, Path | None]:
     """Check the run's inputs (building the embedded ones if asked); returns what
     run.paths.prepare_inputs returns: the model directory and the train/val files."""
+    with console.status("checking the model and the data...") if console is not None else nullcontext():
+        return _check(cfg, console)
+
+
+def _check(cfg: ExperimentConfig, console: Console | None) -> tuple[str, Path, Path | None]:
     check_machine(cfg)
     _check_user_paths(cfg)
     model_dir, train_path, val_path = prepare_inputs(cfg)

@@ -226,8 +226,9 @@ def test_resume_of_a_finished_run_says_so_and_changes_nothing(workspace):
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
     env = {**os.environ, "TANDEM_HOME": str(workspace / "home"), "COLUMNS": "1000"}
     proc = subprocess.run([sys.executable, "-m", "coordinator.cli.main", "run", "logger.log_dir=runs",
-                           "logger.run_name=done", "--resume"], cwd=workspace / "cases" / "finished", env=env,
+                           "logger.run_name=done", "grpo.max_num_steps=3", "--resume"],
+                          cwd=workspace / "cases" / "finished", env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "run done has finished" in " ".join((proc.stdout + proc.stderr).split())
+    assert "run done has finished its 3 GRPO steps" in " ".join((proc.stdout + proc.stderr).split())
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before  # nothing written, nothing added

@@ -140,3 +140,18 @@ def test_restart_kills_descendants_in_sessions_of_their_own(tmp_path):
         time.sleep(0.05)
     assert launcher.pids()["tree"] != leader
     launcher.stop_all(grace_s=2)
+
+
+def test_resume_of_a_run_that_finished_its_steps_is_refused_but_more_steps_extend_it(tmp_path):
+    from coordinator.run.resume import NothingToResume, RunFinished, find_for
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"grpo_steps": 4}))
+    done = load_config(overrides=[f"logger.log_dir={tmp_path}", "logger.run_name=r", "grpo.max_num_steps=4"])
+    with pytest.raises(RunFinished, match="finished its 4 GRPO steps"):
+        find_for(done)
+    more = load_config(overrides=[f"logger.log_dir={tmp_path}", "logger.run_name=r", "grpo.max_num_steps=6"])
+    with pytest.raises(NothingToResume, match="no complete checkpoint") as caught:  # it would extend a checkpoint
+        find_for(more)
+    assert not isinstance(caught.value, RunFinished)
