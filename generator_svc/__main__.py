@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> None:
     scratch = run_dir(settings, os.getpid())
     scratch.mkdir(parents=True, exist_ok=True)
     os.environ.update(vllm_environment(settings, dict(os.environ), scratch))  # before vLLM is imported
+    # vLLM's own gloo groups stay on loopback too (tandem.stores imports torch: after the environment)
+    from tandem.stores import loopback_collectives_env
+
+    for name, value in loopback_collectives_env(args.host).items():
+        os.environ.setdefault(name, value)
 
     from generator_svc.server import serve
     from tandem.logs import configure_logging

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from tandem.rpc import load_token
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource, WeightSource
 from tandem.weight_sync import WeightReceiver
 
@@ -29,8 +30,8 @@ class Stager:
     def read(self, source: WeightSource, version: int) -> dict[str, torch.Tensor]:
         """`version`'s tensors by HF name; raises on any failure (nothing is half-read)."""
         if isinstance(source, CollectiveSource):
-            if self._receiver is None:
-                self._receiver = WeightReceiver(device=self._device)
+            if self._receiver is None:  # sealed with the run's token, which vLLM's process inherits from the service
+                self._receiver = WeightReceiver(device=self._device, secret=load_token())
             return self._receiver.receive(source.group, source.rank, version, source.plan)
         if isinstance(source, SharedMemorySource):
             return _read_files(source.directory, self._device)

@@ -22,7 +22,7 @@ from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from protos.tandem.common.v1 import common_pb2
-from tandem.weight_sync import BucketPlan, GroupSpec, TensorSpec
+from tandem.weight_plan import BucketPlan, GroupSpec, TensorSpec
 
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 

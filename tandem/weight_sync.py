@@ -2,11 +2,15 @@
 torch.distributed process group of its own (gloo on CPU, NCCL on CUDA).
 
 How a transfer meets (see DESIGN.md, "Weight sync"):
-- Trainer rank 0 hosts a `TCPStore` (`WeightSender`). For each membership epoch the
-  coordinator announces a `GroupSpec`: store address, epoch, a random per-epoch secret and
-  the world size. Members build the group directly on `PrefixStore(f"{epoch}-{secret}")`,
-  so it never touches the trainer's default group, and a process that was not told the
-  secret cannot join it. Trainer rank 0 is group rank 0; generators take 1..N.
+- Trainer rank 0 hosts a `TCPStore` (`WeightSender`), listening on the host it is given
+  only (cluster.host: 127.0.0.1 on one host; the advertised address on several) and, with
+  the run's token as `secret` on both sides, sealed (tandem/stores.py): a client without the
+  token learns nothing from it and cannot plant values the members accept. For each
+  membership epoch the coordinator announces a `GroupSpec`: store address, epoch, a random
+  per-epoch secret and the world size. Members build the group directly on
+  `PrefixStore(f"{epoch}-{secret}")`, so it never touches the trainer's default group, and a
+  process that was not told the secret cannot join it. Trainer rank 0 is group rank 0;
+  generators take 1..N.
 - Weights travel as byte buckets laid out by a `BucketPlan` (HF names, shapes, dtypes,
   offsets), computed once per model and sent to receivers over gRPC. Each transfer starts
   with a header broadcast (version, bucket count, plan digest) that receivers check. The
@@ -21,61 +25,19 @@ How a transfer meets (see DESIGN.md, "Weight sync"):
 from __future__ import annotations
 
 import datetime
-import hashlib
-import json
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from tandem.stores import SealedStore, serve_store
+from tandem.weight_plan import BucketPlan, GroupSpec, TensorSpec
+
+__all__ = ["BucketPlan", "GroupSpec", "TensorSpec", "WeightReceiver", "WeightSender", "make_bucket_plan"]
+
 DEFAULT_BUCKET_BYTES = 256 << 20
 _ALIGN_BYTES = 64  # keeps every tensor's byte offset a multiple of any element size
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One tensor in a bucket (HF parameter name, full shape)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    bucket_index: int
-    offset_bytes: int
-    size_bytes: int
-
-
-@dataclass(frozen=True)
-class BucketPlan:
-    """Where every tensor of a model sits in the byte buckets of a transfer."""
-
-    tensors: tuple[TensorSpec, ...]
-    bucket_sizes_bytes: tuple[int, ...]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.bucket_sizes_bytes)
-
-    def digest(self) -> int:
-        """A 62-bit digest of the layout, checked by receivers in the header."""
-        text = json.dumps([[t.name, list(t.shape), t.dtype, t.bucket_index, t.offset_bytes] for t in self.tensors])
-        return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """Where and how one epoch's group meets."""
-
-    store_address: str
-    epoch: int
-    epoch_secret: str
-    world_size: int
-    op_timeout_s: float = 30.0
-
-    @property
-    def key(self) -> tuple[str, int, str, int]:
-        return (self.store_address, self.epoch, self.epoch_secret, self.world_size)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -191,16 +153,18 @@ class WeightSender:
     bucket fills while the previous one is on the wire (two buckets of buffer in all)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, device: torch.device | None = None,
-                 advertise_host: str | None = None):
-        self._store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=60))
+                 advertise_host: str | None = None, secret: str | None = None):
+        """The store listens on host:port alone; `secret` (the run's token; receivers pass the
+        same) seals it, None leaves it open to any client that reaches it (tests, benchmarks)."""
+        self._server = serve_store(host, port, timeout_s=60)
+        self._store = self._server if secret is None else SealedStore(self._server, secret, "weight-sync")
         self._advertise = advertise_host or host
         self._device = device or torch.device("cpu")
         self._group = _EpochGroup()
 
     @property
     def address(self) -> str:
-        return f"{self._advertise}:{self._store.port}"
+        return f"{self._advertise}:{self._server.port}"
 
     def send(self, spec: GroupSpec, version: int, plan: BucketPlan,
              tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -312,17 +276,19 @@ def _pack(buffer: torch.Tensor, spec: TensorSpec, tensor: torch.Tensor) -> None:
 class WeightReceiver:
     """A generator's side: joins the epoch's group and receives one version."""
 
-    def __init__(self, device: torch.device | None = None):
+    def __init__(self, device: torch.device | None = None, secret: str | None = None):
+        """`secret`: the run's token, as the sender's (None: an unsealed store)."""
         self._device = device or torch.device("cpu")
         self._group = _EpochGroup()
+        self._secret = secret
         self._store: dist.Store | None = None
         self._store_address: str | None = None
 
     def _store_for(self, spec: GroupSpec) -> dist.Store:
         if self._store is None or self._store_address != spec.store_address:
             host, port = _split_address(spec.store_address)
-            self._store = dist.TCPStore(host, port, is_master=False,
-                                        timeout=datetime.timedelta(seconds=spec.op_timeout_s))
+            store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=spec.op_timeout_s))
+            self._store = store if self._secret is None else SealedStore(store, self._secret, "weight-sync")
             self._store_address = spec.store_address
         return self._store
 

@@ -1,6 +1,6 @@
 """Entry point, run by torchrun on every rank:
 
-    torchrun --standalone --nproc-per-node N -m trainer_svc --settings trainer.json \\
+    torchrun --nproc-per-node N [tandem/torchrun.py's rendezvous options] -m trainer_svc --settings trainer.json \\
         [--host H] [--port P] [--coordinator HOST:PORT] [--address-file PATH]
 
 Rank 0 serves gRPC and drives the others; ranks > 0 follow its commands until it stops.
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from trainer_svc.engine import build_engine  # torch and transformers load after the arguments are checked
 
-    engine = build_engine(settings, log)
+    engine = build_engine(settings, log, token)
     if engine.is_leader:
         from trainer_svc.server import serve
 

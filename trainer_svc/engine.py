@@ -34,7 +34,7 @@ from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, 
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
-from trainer_svc.publish import publish_weights
+from trainer_svc.publish import DetachedPublishes, publish_weights
 from trainer_svc.types import (
     PAIRED_LOSSES,
     BradleyTerryLossConfig,
@@ -71,6 +71,7 @@ class _TrainStep:
 class _PublishWeights:
     group: GroupSpec
     version: int
+    detach: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class TrainerEngine:
         self.weight_version = 0
         self._ipc = CudaIpcExports(backend.device, log)  # colocated generators on GPUs (trainer_svc/cuda_ipc.py)
         self._weights_moved = False  # trained or loaded since weight_version was published
+        self._detached = DetachedPublishes(log)  # async GRPO's background broadcasts (publish.py)
 
     @property
     def is_leader(self) -> bool:
@@ -162,13 +164,17 @@ class TrainerEngine:
         self._log.info("train_step", global_step=result.global_step, **{k: round(v, 6) for k, v in result.metrics.items()})
         return result
 
-    def publish_weights(self, group: GroupSpec, version: int) -> PublishResult:
+    def publish_weights(self, group: GroupSpec, version: int, detach: bool = False) -> PublishResult:
         """Broadcast the weights to `group` as `version`; a group of the trainer alone sends
-        nothing and only makes the version the trainer's (what its own generation serves)."""
+        nothing and only makes the version the trainer's (what its own generation serves).
+        detach: return once rank 0 holds a copy, broadcasting it in the background (publish.py)."""
         if group.world_size < 1:
             raise ValueError(f"a weight-sync group holds at least the trainer, got world_size {group.world_size}")
+        if detach and self._decoder is not None:
+            raise FailedPrecondition("a trainer that generates itself takes no detached publish (async GRPO needs "
+                                     "generator services)")
         start = time.perf_counter()
-        bytes_sent = self._run(_PublishWeights(group, version)) if group.world_size > 1 else 0
+        bytes_sent = self._run(_PublishWeights(group, version, detach)) if group.world_size > 1 else 0
         self.weight_version = version
         self._weights_moved = False
         result = PublishResult(bytes_sent, int((time.perf_counter() - start) * 1000))
@@ -237,6 +243,7 @@ class TrainerEngine:
 
     def close(self) -> None:
         """Rank 0: release the followers, then the sender and the process groups."""
+        self._detached.wait()
         if self.is_leader:
             self._lockstep.shutdown()
             if self._sender is not None:
@@ -266,7 +273,11 @@ class TrainerEngine:
                 return backend.compute_logprobs(samples, policy, micro_batch_size)
             case _TrainStep(samples, loss, global_batch_size, micro_batch_size, learning_rate):
                 return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
-            case _PublishWeights(group, version):
+            case _PublishWeights(group, version, detach):
+                if detach or self._detached.holds(version):  # async GRPO, or a resend of its held copy
+                    return self._detached.start(backend.iter_hf_tensors() if not self._detached.holds(version)
+                                                else iter(()), self._sender, group, version, self._plan)
+                self._detached.forget()
                 return publish_weights(backend.iter_hf_tensors(), self._sender, group, version, self._plan)
             case _ExportCudaIpc(version):
                 return self._ipc.export(version, self._plan, backend.iter_hf_tensors(), leader=self.is_leader)
@@ -285,9 +296,10 @@ class TrainerEngine:
         raise TypeError(f"unknown command {type(command).__name__}")
 
 
-def build_engine(settings: TrainerSettings, log: Any) -> TrainerEngine:
-    """Join the torchrun world, load the backend, and (rank 0) start the weight-sync store."""
-    env = init_distributed(settings.lockstep_timeout_s)
+def build_engine(settings: TrainerSettings, log: Any, token: str) -> TrainerEngine:
+    """Join the torchrun world, load the backend, and (rank 0) start the weight-sync store.
+    The run's `token` seals both stores (tandem/stores.py)."""
+    env = init_distributed(settings.lockstep_timeout_s, secret=token)
     backend = build_backend(settings, env)
     sync_dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
                   else getattr(torch, settings.weight_sync_dtype))
@@ -295,7 +307,7 @@ def build_engine(settings: TrainerSettings, log: Any) -> TrainerEngine:
                             settings.weight_sync_bucket_bytes)
     sender, fingerprint = None, ""
     if env.rank == 0:
-        sender = WeightSender(host=settings.weight_sync_host, device=env.device)
+        sender = WeightSender(host=settings.weight_sync_host, device=env.device, secret=token)
         fingerprint = model_fingerprint(settings.model_name, backend.hf_tensor_shapes)
     decoder = None
     if settings.generation.enabled:

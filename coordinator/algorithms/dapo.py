@@ -88,10 +88,12 @@ def dynamic_sampling(draw: Callable[[int, int], RolloutGroups], num_prompts: int
         "grpo.batch_multiplier, use more generations per prompt, or use prompts the model solves sometimes but not always")
 
 
-def draw_rollouts(grpo: GRPOConfig, draw: Callable[[int, int], RolloutGroups]) -> tuple[RolloutGroups, dict[str, float]]:
-    """One step's prompt groups: one round of num_prompts_per_step, or dynamic sampling."""
+def draw_rollouts(grpo: GRPOConfig, draw: Callable[[int, int], RolloutGroups],
+                  num_prompts: int | None = None) -> tuple[RolloutGroups, dict[str, float]]:
+    """`num_prompts` prompt groups (default grpo.num_prompts_per_step): one round, or dynamic sampling."""
+    num_prompts = grpo.num_prompts_per_step if num_prompts is None else num_prompts
     if not grpo.use_dynamic_sampling:
-        return draw(0, grpo.num_prompts_per_step), {}
-    result = dynamic_sampling(draw, grpo.num_prompts_per_step, batch_multiplier=grpo.batch_multiplier,
+        return draw(0, num_prompts), {}
+    result = dynamic_sampling(draw, num_prompts, batch_multiplier=grpo.batch_multiplier,
                               max_gen_batches=grpo.dynamic_sampling_max_gen_batches)
     return result.rollouts, result.metrics

@@ -1,6 +1,8 @@
-"""One synchronous GRPO step (DESIGN.md): prompts -> rollouts -> rewards -> advantages ->
-train -> publish weights. Colocated on GPUs the generators sleep from the end of the rollouts
-to the publish (coordinator/loop/weights/phases.py); elsewhere that call does nothing."""
+"""One GRPO step (DESIGN.md): prompts -> rollouts -> rewards -> advantages -> train -> publish
+weights. The rollouts come from the rollout pipeline (coordinator/loop/pipeline.py): produced
+when the step asks for them (synchronous GRPO), or ahead, while earlier steps train, within
+grpo.async_grpo's age bound (async GRPO). Colocated on GPUs the generators sleep from the end of
+the rollouts to the publish (coordinator/loop/weights/phases.py); elsewhere that call does nothing."""
 
 from __future__ import annotations
 
@@ -14,33 +16,60 @@ import torch
 from coordinator.algorithms.dapo import draw_rollouts
 from coordinator.algorithms.grpo_samples import prepare_samples
 from coordinator.loop.context import LoopContext
+from coordinator.loop.drift_probe import check_drift
 from coordinator.loop.groups import RolloutGroups
 from coordinator.loop.multiturn import Episode, collect_episodes
+from coordinator.loop.pipeline import RolloutPipeline
 from coordinator.loop.scoring import per_task_metrics
 from tandem.generation.types import SamplingConfig
 
 
-def grpo_step(ctx: LoopContext, step: int) -> dict[str, float]:
+def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = None) -> dict[str, float]:
+    """`rollouts`: the run's pipeline (started at its first step); None: a pipeline for this step alone."""
     cfg, timings = ctx.cfg, PhaseTimes()
-    with timings("rollout"):  # generation and scoring (multi-turn episodes interleave the two)
-        rollouts, sampling_metrics = draw_rollouts(cfg.grpo, lambda r, n: rollout_round(ctx, step, r, n))
-        ctx.release_generators()  # no generation from here to the publish
+    batch = (rollouts or grpo_pipeline(ctx)).take(step)  # generation and scoring (rollout_round)
+    ctx.release_generators()  # no generation from here to the publish (colocated GPU generators sleep)
     with timings("advantages"):  # reward shaping, KL in the reward, advantages, loss masks
-        samples, advantage_metrics = prepare_samples(ctx, rollouts)
+        samples, advantage_metrics = prepare_samples(ctx, batch.rollouts)
     with timings("train"):
         result = ctx.services.trainer.train_step(samples, cfg.loss_fn.trainer_loss(),
                                                  global_batch_size=cfg.policy.train_global_batch_size,
                                                  micro_batch_size=cfg.policy.train_micro_batch_size)
     with timings("publish"):
-        published = ctx.publish()
-    return {**result.metrics, **rollout_metrics(rollouts), **sampling_metrics, **advantage_metrics,
-            "weight_version": float(published.version), **timings.metrics}
+        version = publish(ctx, step, rollouts)
+    metrics = {**result.metrics, **rollout_metrics(batch.rollouts), **batch.metrics, **advantage_metrics,
+               "weight_version": float(version), **timings.metrics}
+    check_drift(ctx, step, metrics, batch.rollouts.prompts)  # stops a run whose generators drifted from the trainer
+    return metrics
+
+
+def publish(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None) -> int:
+    """Publish the step's weights; async GRPO detaches it (the trainer trains on while they travel)."""
+    if rollouts is not None and rollouts.max_age > 0:
+        return ctx.publish_detached(on_published=lambda: rollouts.published(step))
+    version = ctx.publish().version
+    if rollouts is not None:
+        rollouts.published(step)
+    return version
+
+
+def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:
+    """The run's rollout pipeline: each step's prompt groups by rollout_round (DAPO's dynamic
+    sampling when enabled), within grpo.async_grpo's age bound (0: synchronous)."""
+    grpo = ctx.cfg.grpo
+
+    def produce(step: int, num_groups: int) -> tuple[RolloutGroups, dict[str, float]]:
+        return draw_rollouts(grpo, lambda r, n: rollout_round(ctx, step, r, n), num_groups)
+
+    return RolloutPipeline(produce, grpo.num_prompts_per_step, max_age=grpo.async_grpo.max_age,
+                           published_version=lambda: ctx.publisher.version, cursor_state=lambda: ctx.cursor.state(),
+                           log=ctx.log)
 
 
 def rollout_round(ctx: LoopContext, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
     """The next `num_prompts` prompts, rolled out and scored (one round of dynamic sampling)."""
     batch = ctx.cursor.next_batch(num_prompts)
-    prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
+    prompts = [list(e.prompt_ids) for e in batch]
     sampling = step_sampling(ctx, step)
     if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
         sampling = replace(sampling, seed=sampling.seed + round_index * 7919)

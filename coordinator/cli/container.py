@@ -25,6 +25,8 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from tandem.torchrun import torchrun_head
+
 ROLES = ("coordinator", "trainer", "generator", "reward")
 DEFAULT_PORT = 50051
 
@@ -96,15 +98,13 @@ def model_dir(cfg) -> str:
 
 
 def torchrun(args: argparse.Namespace, ranks: int) -> list[str]:
-    """torchrun on one host (standalone) or one node of a multi-node rendezvous."""
-    head = [sys.executable, "-m", "trainer_svc.torchrun", f"--nproc-per-node={args.ranks or ranks}"]
-    if args.nnodes == 1:
-        return [*head, "--standalone"]
-    if not args.rdzv_endpoint:
+    """torchrun on one host (no listener of its own: tandem/torchrun.py) or one node of a
+    multi-node c10d rendezvous."""
+    if args.nnodes > 1 and not args.rdzv_endpoint:
         raise SystemExit("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    return [*head, f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={args.rdzv_endpoint}", f"--rdzv-id={args.rdzv_id}",
-            f"--local-addr={args.advertise_host or reaching_address(args.coordinator)}"]
+    local_addr = (args.advertise_host or reaching_address(args.coordinator)) if args.nnodes > 1 else "127.0.0.1"
+    return torchrun_head(args.ranks or ranks, nnodes=args.nnodes, node_rank=args.node_rank,
+                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, local_addr=local_addr)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:

@@ -5,6 +5,8 @@
         (without --resume, a run named by logger.run_name that has a checkpoint and did not
         finish is resumed too: re-running the same command after a crash continues it)
     tandem status [--coordinator HOST:PORT | --run-dir DIR]   live services and progress of a run
+    tandem export RUN_DIR OUT_DIR [--step N]   a run's checkpoint (default: its latest) as an HF checkpoint
+    tandem slurm [CONFIG.yaml] [...] [--submit]   the run as a Slurm job (coordinator/cli/slurm.py)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         return 2
     from coordinator.cluster.launcher import ServiceDied
+    from coordinator.loop.drift import DriftError
     from coordinator.run.create import create_run
     from coordinator.run.resume import NothingToResume, RunFinished
 
@@ -45,7 +48,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130
-    except (ServiceDied, TimeoutError) as exc:
+    except (ServiceDied, TimeoutError, DriftError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}\n(every service this run started was stopped)")
         return 1
     before, after = summary.get("accuracy_before"), summary.get("accuracy_after")
@@ -65,7 +68,27 @@ def _status(args: argparse.Namespace) -> int:
     return show_status(args.coordinator, args.run_dir, Console())
 
 
+def _export(args: argparse.Namespace) -> int:
+    from coordinator.cluster.launcher import ServiceDied
+    from coordinator.config import ConfigError
+    from coordinator.run.export import NoCheckpoint, export_checkpoint
+
+    console = Console(stderr=True)
+    try:
+        with console.status(f"exporting {args.run_dir} (starting its trainer)..."):
+            export = export_checkpoint(Path(args.run_dir), Path(args.out_dir), args.step)
+    except (NoCheckpoint, ConfigError, ServiceDied, TimeoutError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2 if isinstance(exc, (NoCheckpoint, ConfigError)) else 1
+    console.print(f"exported {export.num_tensors} tensors to {export.path} in {export.seconds:.1f}s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["slurm"]:  # its own flags: coordinator/cli/slurm.py
+        from coordinator.cli.slurm import main as slurm_main
+
+        return slurm_main((sys.argv[1:] if argv is None else argv)[1:])
     parser = argparse.ArgumentParser(prog="tandem", description="Tandem: RL post-training as services")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment (no CONFIG: the embedded tiny-model demo)")
@@ -73,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_num_steps=10")
     run.add_argument("--resume", action="store_true",
                      help="continue the run named by logger.run_name from its latest complete checkpoint")
+    sub.add_parser("slurm", help="write (and --submit) the run's sbatch script; `tandem slurm -h` for more")
+    export = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face checkpoint")
+    export.add_argument("run_dir", help="the run's directory (logger.log_dir/logger.run_name)")
+    export.add_argument("out_dir", help="where the HF checkpoint goes (replaced once the new one is complete)")
+    export.add_argument("--step", type=int, default=None, help="the GRPO step's checkpoint (default: the latest)")
     status = sub.add_parser("status", help="show a running experiment's services and progress")
     status.add_argument("--coordinator", default=None, help="host:port of the coordinator")
     status.add_argument("--run-dir", type=Path, default=None, help="run directory (reads its coordinator.addr)")
@@ -84,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run" and args.config and "=" in args.config:
         args.overrides.insert(0, args.config)  # `tandem run a.b=c` with no file
         args.config = None
-    return _run(args) if args.command == "run" else _status(args)
+    return {"run": _run, "status": _status, "export": _export}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from coordinator.cluster.adopted import AdoptedProcess, descendants, start_ticks
 from coordinator.cluster.log_cause import cause_line
+from tandem import torchrun
 
 
 class ServiceDied(RuntimeError):
@@ -227,5 +228,5 @@ def python_module(module: str, *args: str) -> list[str]:
 
 
 def torchrun_module(module: str, nproc: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "trainer_svc.torchrun", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", module, *args]
+    """torchrun on this host with no listener of its own (tandem/torchrun.py)."""
+    return torchrun.torchrun_module(module, nproc, *args)

@@ -34,8 +34,7 @@ from coordinator.cluster.status import RunStatus
 from coordinator.cluster.supervisor import Supervisor
 from coordinator.config import ExperimentConfig
 
-CHILD_ENV = {
-    "OMP_NUM_THREADS": "1",  # one intra-op thread per rank/service: 2 cores are shared by all of them
+CHILD_ENV = {  # each service's threads: specs.service_threads
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
     "PYTHONUNBUFFERED": "1",
 }
@@ -58,8 +57,14 @@ class HostedService(Protocol):
 class LocalCluster:
     def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
                  status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False,
+                 trainer_only: bool = False, meanwhile: Callable[[], object] | None = None,
                  notify: Callable[[str], None] | None = None):
+        """trainer_only: launch and wait for the trainer alone (e.g. to export a checkpoint).
+        meanwhile: work to do while the services boot (after they are launched, before waiting).
+        notify: where the supervisor says what the run waits for (the run's console)."""
         self.cfg = cfg
+        self.meanwhile = meanwhile
+        self.trainer_only = trainer_only
         self.model_dir = model_dir
         self.run_dir = run_dir
         self.log = log
@@ -92,11 +97,14 @@ class LocalCluster:
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
             if self.cfg.cluster.launch == "local":
-                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
+                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher,
+                           trainer_only=self.trainer_only)
             else:
                 self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
                               tasks=sorted(self.cfg.env))
-            self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
+            if self.meanwhile is not None:
+                self.meanwhile()
+            self.registry.wait_for(all_registered(self.cfg, self.trainer_only), self.cfg.cluster.startup_timeout_s,
                                    check=self.launcher.check)
             self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
             self.supervisor.start()
@@ -133,7 +141,7 @@ class LocalCluster:
     def _needs(self) -> dict[str, str]:
         """What the run cannot go on without, for the supervisor's notices."""
         needs = {"the trainer": "trainer"}
-        if self.cfg.algorithm.uses_rollouts:
+        if self.cfg.algorithm.uses_rollouts and not self.trainer_only:
             if self.cfg.policy.generation.backend.separate_services:
                 needs["a generator"] = "generator"
             needs.update({f"the reward service of task {task!r}": f"reward:{task}" for task in self.cfg.env})

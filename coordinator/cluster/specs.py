@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.cluster.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
@@ -32,8 +33,11 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
     generation = cfg.policy.generation
     return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization"}),
                              model_name=model_dir, dtype=cfg.policy.precision, seed=cfg.grpo.seed + index,
-                             scratch_dir=scratch, colocated=generation.colocated.enabled,
-                             gpu_memory_utilization=gpu_memory_utilization(cfg))
+                             scratch_dir=scratch, cache_dir=cache_root() / "vllm", colocated=generation.colocated.enabled,
+                             gpu_memory_utilization=gpu_memory_utilization(cfg),
+                             in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
+                             recompute_kv_cache_after_weight_updates=(
+                                 cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates))
 
 
 def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
@@ -66,7 +70,7 @@ def scratch_root(run_dir: Path) -> Path:
 
 
 def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
-               launcher: LocalLauncher) -> None:
+               launcher: LocalLauncher, *, trainer_only: bool = False) -> None:
     """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators (none when
     the trainer generates itself: policy.generation.backend megatron) and one reward service per task."""
     settings_dir = run_dir / "services"
@@ -78,21 +82,50 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         path.write_text(settings.model_dump_json(indent=1))
         return str(path)
 
+    threads = service_threads(cfg)
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
-        *common)))
-    if not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
+        *common), env=threads.env("trainer")))
+    if trainer_only or not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
         return
     for index in range(_num_generator_services(cfg)):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
+                                   env=threads.env("generator"),
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
     for task in (t for t, env in cfg.env.items() if not env.external):  # external: someone else serves it
         name = f"reward-{task}"
         launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
                                                        write(name, reward_settings(cfg, task)), *common),
+                                   env=threads.env("reward"),
                                    essential=False))  # swappable: its calls are retried (coordinator/loop/scoring.py)
+
+
+@dataclass(frozen=True)
+class ServiceThreads:
+    """Intra-op threads of each local service process (OMP_NUM_THREADS)."""
+
+    trainer_rank: int
+    generator: int
+    reward: int = 1
+
+    def env(self, kind: str) -> dict[str, str]:
+        threads = {"trainer": self.trainer_rank, "generator": self.generator, "reward": self.reward}[kind]
+        return {"OMP_NUM_THREADS": str(threads)}
+
+
+def service_threads(cfg: ExperimentConfig, cores: int | None = None) -> ServiceThreads:
+    """cluster.threads_per_service, else this machine's cores shared out: in the synchronous step
+    rollouts and training take turns, so the trainer's ranks share all cores and so do the
+    generators; with async GRPO they run at once and each side gets half."""
+    if cfg.cluster.threads_per_service is not None:
+        return ServiceThreads(cfg.cluster.threads_per_service, cfg.cluster.threads_per_service)
+    cores = cores or len(os.sched_getaffinity(0))
+    generators = max(_num_generator_services(cfg), 1)
+    trainer_cores = cores // 2 if cfg.grpo.async_grpo.enabled and cores > 1 else cores
+    generator_cores = cores - trainer_cores if cfg.grpo.async_grpo.enabled and cores > 1 else cores
+    return ServiceThreads(max(1, trainer_cores // cfg.cluster.trainer_ranks), max(1, generator_cores // generators))
 
 
 def _num_generator_services(cfg: ExperimentConfig) -> int:
@@ -100,15 +133,15 @@ def _num_generator_services(cfg: ExperimentConfig) -> int:
     return cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 0
 
 
-def all_registered(cfg: ExperimentConfig):
+def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
     """Predicate over live members: the trainer, every generator (the trainer's own, with
-    policy.generation.backend megatron) and every task's reward service."""
+    policy.generation.backend megatron) and every task's reward service; trainer_only: the trainer."""
     generators = max(_num_generator_services(cfg), 1)
 
     def ready(members: list[Member]) -> bool:
         kinds = [m.kind for m in members]
         tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
-        if not cfg.algorithm.uses_rollouts:
+        if trainer_only or not cfg.algorithm.uses_rollouts:
             return "trainer" in kinds
         return ("trainer" in kinds and kinds.count("generator") >= generators
                 and set(cfg.env) <= tasks)

@@ -57,6 +57,37 @@ class RewardShapingConfig(Section):
     """Completion budget in tokens; null: policy.generation.max_new_tokens."""
 
 
+class AsyncGRPOConfig(Section):
+    """grpo.async_grpo (NeMo-RL's keys): generators roll out the next steps' prompts while the
+    trainer trains (coordinator/loop/pipeline.py). Needs loss_fn.use_importance_sampling_correction
+    (the generator's logprobs correct for the weights having moved on) and dedicated generators."""
+
+    enabled: bool = False
+    """Overlap rollouts with training; off: the synchronous step (the same pipeline with age 0)."""
+    max_trajectory_age_steps: int = Field(1, ge=0)
+    """A trajectory is trained on at most this many weight versions after the one that sampled it;
+    older ones are dropped and replaced (never trained on)."""
+    in_flight_weight_updates: bool = False
+    """Swap weights into a generator without waiting for its calls in flight (they continue on the
+    new weights; each sample then counts as old as the oldest weights that sampled any of its tokens)."""
+    recompute_kv_cache_after_weight_updates: bool = False
+    """With in_flight_weight_updates: recompute the KV cache of the calls in flight under the new weights."""
+
+    @model_validator(mode="after")
+    def _in_flight_options(self) -> AsyncGRPOConfig:
+        if self.in_flight_weight_updates and not self.enabled:
+            raise ValueError("grpo.async_grpo.in_flight_weight_updates needs grpo.async_grpo.enabled: true")
+        if self.recompute_kv_cache_after_weight_updates and not self.in_flight_weight_updates:
+            raise ValueError("grpo.async_grpo.recompute_kv_cache_after_weight_updates needs "
+                             "grpo.async_grpo.in_flight_weight_updates: true")
+        return self
+
+    @property
+    def max_age(self) -> int:
+        """The pipeline's age bound: 0 for the synchronous step."""
+        return self.max_trajectory_age_steps if self.enabled else 0
+
+
 class GRPOConfig(Section):
     num_prompts_per_step: int = Field(16, gt=0)
     num_generations_per_prompt: int = Field(8, gt=1)
@@ -77,6 +108,14 @@ class GRPOConfig(Section):
     overlong_filtering: bool = False
     """Truncated completions get no loss (they still count in their group's baseline)."""
     reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    max_token_mult_prob_error: float | None = Field(1.05, gt=1)
+    """Drift guard (coordinator/loop/drift.py): stop the run once the step's token_mult_prob_error (mean
+    exp(|trainer - generator logprob|), 1.0 on-policy) stays above this for drift_grace_steps
+    consecutive steps; the error names the generators that drifted. null: never stop."""
+    drift_grace_steps: int = Field(2, ge=1)
+    """Consecutive GRPO steps over max_token_mult_prob_error before the run stops."""
+    async_grpo: AsyncGRPOConfig = AsyncGRPOConfig()
+    """Rollouts overlapped with training, with a bound on the trajectories' age."""
     val_period: int = Field(10, ge=0)
     """Validate every this many steps (0: only at the start and the end)."""
     val_at_start: bool = True

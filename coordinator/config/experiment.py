@@ -37,6 +37,20 @@ class ExperimentConfig(Section):
     """Resolved from the dpo / rm sections at load; not a key to set."""
 
     @model_validator(mode="after")
+    def _resolve_trainer_ranks(self) -> ExperimentConfig:
+        if self.cluster.trainer_ranks is None:
+            cluster, policy = self.cluster, self.policy
+            if cluster.gpus_per_node:
+                ranks = cluster.gpus_per_node * cluster.num_nodes
+            elif policy.backend is TrainingBackend.MEGATRON:
+                ranks = (policy.megatron_cfg.tensor_model_parallel_size
+                         * policy.megatron_cfg.pipeline_model_parallel_size)
+            else:
+                ranks = policy.dtensor_cfg.tensor_parallel_size
+            object.__setattr__(cluster, "trainer_ranks", ranks)
+        return self
+
+    @model_validator(mode="after")
     def _resolve_algorithm(self) -> ExperimentConfig:
         if self.algorithm is not None:
             raise ValueError("algorithm is derived from the dpo / rm sections; remove it")
@@ -45,6 +59,11 @@ class ExperimentConfig(Section):
         if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
                              f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
+        data = self.data
+        if not self.algorithm.uses_rollouts and (data.prompt_format == "chat" or data.system_prompt_file
+                                                 or data.prompt_file):
+            raise ValueError(f"{self.algorithm.value} runs take their prompts as they are for now: remove "
+                             "data.prompt_format chat, data.prompt_file and data.system_prompt_file")
         if not self.algorithm.uses_rollouts and self.policy.backend is TrainingBackend.MEGATRON:
             raise ValueError(f"{self.algorithm.value} runs train on the DTensor backend only for now; set "
                              "policy.megatron_cfg.enabled=false (and policy.dtensor_cfg.enabled=true)")
@@ -84,6 +103,22 @@ class ExperimentConfig(Section):
                              f"({self.cluster.num_generators}) leaves nothing of the GPU that colocated generators "
                              "share with the trainer's rank 0; lower it (unset: 0.5 split between the generators) or "
                              "set policy.generation.colocated.enabled=false")
+        return self
+
+    @model_validator(mode="after")
+    def _async_consistent(self) -> ExperimentConfig:
+        if not self.grpo.async_grpo.enabled:
+            return self
+        if not self.loss_fn.use_importance_sampling_correction:
+            raise ValueError("grpo.async_grpo.enabled trains on trajectories sampled by older weights: set "
+                             "loss_fn.use_importance_sampling_correction: true (it corrects for the difference)")
+        if self.policy.generation.colocated.enabled:
+            raise ValueError("grpo.async_grpo.enabled overlaps generation with training, which colocated generators "
+                             "cannot do (they sleep while the trainer trains): set "
+                             "policy.generation.colocated.enabled: false")
+        if not self.policy.generation.backend.separate_services:
+            raise ValueError("grpo.async_grpo.enabled needs generator services (the trainer cannot generate while it "
+                             "trains): set policy.generation.backend: vllm")
         return self
 
     @model_validator(mode="after")

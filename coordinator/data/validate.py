@@ -14,15 +14,15 @@ from pathlib import Path
 
 from coordinator.config import ConfigError, ExperimentConfig
 from coordinator.config.data import DataConfig
-from coordinator.data.examples import Example, read_jsonl
+from coordinator.data.examples import Example, read_examples
 from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
 
 
-def load_examples(path: Path, cfg: DataConfig, key: str) -> list[Example]:
-    """The prompt/answer rows of `path` (named by config key `key`), or ConfigError."""
+def load_examples(path: Path, data: DataConfig, tokens: Tokens, key: str, split: str) -> list[Example]:
+    """The rows of `path` (named by config key `key`) as the run reads them, or ConfigError."""
     try:
-        return read_jsonl(path, cfg)
+        return read_examples(path, data, tokens, split=split)
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}") from None
 
@@ -58,27 +58,20 @@ class LengthReport:
     longest: int
 
 
-def measure_prompts(cfg: ExperimentConfig, tokens: Tokens, examples: Sequence[Example], source: str) -> LengthReport:
+def measure_prompts(cfg: ExperimentConfig, examples: Sequence[Example], source: str) -> LengthReport:
     generation = cfg.policy.generation
     budget = generation.max_new_tokens
     hard = (generation.vllm_cfg.max_model_len if generation.backend.separate_services
             else cfg.policy.max_total_sequence_length)
     refused, overflowing, longest = [], 0, 0
-    for prompt, length in _lengths(tokens, examples):
+    for example in examples:
+        length = len(example.prompt_ids)
         longest = max(longest, length)
         if length + budget > hard:
-            refused.append((prompt, length))
+            refused.append((example.prompt, length))
         if length + budget > cfg.policy.max_total_sequence_length:
             overflowing += 1
     return LengthReport(source, len(examples), refused, overflowing, longest)
-
-
-def _lengths(tokens: Tokens, examples: Sequence[Example]):
-    seen: dict[str, int] = {}
-    for example in examples:
-        if example.prompt not in seen:
-            seen[example.prompt] = len(tokens.prompt(example.prompt))
-        yield example.prompt, seen[example.prompt]
 
 
 def check_lengths(cfg: ExperimentConfig, report: LengthReport) -> str | None:

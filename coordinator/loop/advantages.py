@@ -1,8 +1,9 @@
 """Advantages from rewards: pure functions over tensors of shape (num_prompts, num_generations).
 
 Estimators (`grpo.adv_estimator.name`, chosen once by `build_advantage_fn`):
-- grpo: per-prompt group baseline (leave-one-out or mean), optionally divided by the group's
-  reward std. RLOO is grpo with the leave-one-out baseline and no std normalisation.
+- grpo: per-prompt group baseline (leave-one-out or mean), optionally divided by the std of
+  the same rewards the baseline averages (leave-one-out too, as NeMo-RL). RLOO is grpo with
+  the leave-one-out baseline and no std normalisation.
 - reinforce_plus_plus: group-mean baseline (optional), then normalisation to zero mean and unit
   variance over the batch's loss tokens (each sample weighted by its token count), as NeMo-RL.
 - raw_reward: the reward itself (plain REINFORCE).
@@ -29,26 +30,52 @@ def _check(rewards_PG: torch.Tensor) -> None:
 
 def compute_advantages(rewards_PG: torch.Tensor, *, leave_one_out: bool = True,
                        normalize: bool = True) -> torch.Tensor:
-    """GRPO advantages for rewards of shape (P, G) (P prompts, G samples each).
+    """GRPO advantages for rewards of shape (P, G) (P prompts, G samples each), with NeMo-RL's
+    semantics (`calculate_baseline_and_std_per_prompt` and its GRPO estimator).
 
-    Baseline: the mean of the *other* G-1 rewards of the group (leave-one-out, as in RLOO
-    and NeMo-RL's `use_leave_one_out_baseline`), or the group mean. With `normalize`, the
-    centred rewards are divided by the group's (unbiased) std; a group whose rewards are all
-    equal gets zero advantage either way.
+    Each sample i of a group is compared with a reference set: the *other* G-1 rewards of its
+    group (leave-one-out, as in RLOO and NeMo-RL's `use_leave_one_out_baseline`) or all G.
+    Its baseline is the mean of that set, and with `normalize` the centred reward is divided by
+    the set's unbiased std plus 1e-6. Where that std is zero (a set whose rewards are all
+    equal, or a set of one: leave-one-out with G=2) the centred reward is kept as it is,
+    not sharpened. A group whose rewards are all equal gets zero advantage either way.
     """
     _check(rewards_PG)
     rewards = rewards_PG.to(torch.float64)
     num_generations = rewards.shape[1]
-    total = rewards.sum(dim=1, keepdim=True)
+    # in_set_GG[i, j]: sample j belongs to sample i's reference set.
+    in_set_GG = torch.ones(num_generations, num_generations, dtype=torch.bool)
     if leave_one_out:
-        baseline = (total - rewards) / (num_generations - 1)
-    else:
-        baseline = total / num_generations
-    advantages = rewards - baseline
+        in_set_GG.fill_diagonal_(False)
+    advantages = rewards - _set_mean(rewards, in_set_GG)
     if normalize:
-        std = rewards.std(dim=1, keepdim=True)
-        advantages = torch.where(std > _EPS, advantages / (std + _EPS), torch.zeros_like(advantages))
+        std = _set_std(rewards, in_set_GG)
+        advantages = torch.where(std > 0, advantages / (std + _EPS), advantages)
     return advantages.to(rewards_PG.dtype)
+
+
+def _set_mean(rewards_PG: torch.Tensor, in_set_GG: torch.Tensor) -> torch.Tensor:
+    """(P, G): the mean of each sample's reference set."""
+    weights = in_set_GG.to(rewards_PG.dtype)
+    return rewards_PG @ weights.T / weights.sum(dim=1)
+
+
+def _set_std(rewards_PG: torch.Tensor, in_set_GG: torch.Tensor) -> torch.Tensor:
+    """(P, G): the unbiased std of each sample's reference set, exactly 0 where the set has
+    fewer than two members or all its rewards are equal.
+
+    Two-pass (deviations from the set's mean) in float64, and an exact zero test on the set's
+    min and max: NeMo-RL's one-pass E[r^2] - E[r]^2 in float32 leaves a spurious std near 1e-4
+    on a set of equal rewards (0.3 eight times), which its `std > 0` test then divides by.
+    """
+    size_G = in_set_GG.sum(dim=1)
+    members_PGG = rewards_PG[:, None, :].expand(-1, in_set_GG.shape[0], -1)
+    deviations_PGG = torch.where(in_set_GG, members_PGG - _set_mean(rewards_PG, in_set_GG)[:, :, None], 0.0)
+    variance = deviations_PGG.square().sum(dim=2) / (size_G - 1).clamp(min=1)
+    highest = torch.where(in_set_GG, members_PGG, -torch.inf).amax(dim=2)
+    lowest = torch.where(in_set_GG, members_PGG, torch.inf).amin(dim=2)
+    spread = (size_G >= 2) & (highest > lowest)
+    return torch.where(spread, variance.sqrt(), torch.zeros_like(variance))
 
 
 def reinforce_plus_plus_advantages(rewards_PG: torch.Tensor, token_counts_PG: torch.Tensor | None = None, *,

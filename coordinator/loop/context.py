@@ -9,15 +9,18 @@ generators serving the published version; dead generators are dropped from membe
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from coordinator.cluster.services import GeneratorHandle, Services
 from coordinator.cluster.versions import WeightVersions
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor
 from coordinator.data.tokens import Tokens
+from coordinator.loop.drift import DriftGuard
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.weights.phases import GeneratorPhases
 from coordinator.loop.weights.publisher import WeightPublisher
@@ -34,8 +37,13 @@ class LoopContext:
     publisher: WeightPublisher
     log: object
     phases: GeneratorPhases
+    drift: DriftGuard = field(default_factory=DriftGuard)
+    """Consecutive GRPO steps whose token_mult_prob_error is over the bound (loop/drift.py)."""
     generator_wait_s: float = 0.0
     """How long `generators()` waits for one while none is live (one being relaunched, or yet to join)."""
+    _publishing: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "publish"), repr=False)
+    _detached: list[Future] = field(default_factory=list, repr=False)
+    _last_detached: int = 0
 
     @classmethod
     def connect(cls, cfg: ExperimentConfig, services: Services, tokens: Tokens, examples: list[Example], seed: int,
@@ -79,5 +87,39 @@ class LoopContext:
                 version: int | None = None) -> PublishReport:
         """Publish the trainer's weights to `generators` (default: every live one) as `version`
         (default: the next), waking sleeping generators around it."""
+        self.wait_published()
         targets = self.services.all_generators() if generators is None else list(generators)
         return self.phases.publish(lambda: self.publisher.publish(targets, version=version))
+
+    def publish_detached(self, on_published: Callable[[], None]) -> int:
+        """Async GRPO: publish the next version with the trainer's part detached. Returns (the
+        version) once the trainer holds its copy and may train on; the generators get it in the
+        background, then `on_published()` runs. Publishes run one at a time, in order; an error
+        is raised by the next publish or wait_published()."""
+        self._raise_failed_publish()
+        version = max(self.publisher.version, self._last_detached) + 1
+        self._last_detached = version
+        trainer_done = threading.Event()
+
+        def publish() -> None:
+            self.publisher.publish(self.services.all_generators(), version=version, trainer_done=trainer_done)
+            on_published()
+
+        self._detached.append(self._publishing.submit(publish))
+        trainer_done.wait()
+        return version
+
+    def wait_published(self) -> None:
+        """Wait for the detached publishes in flight; raise the first one's error."""
+        while self._detached:
+            self._detached[0].exception()  # waits
+            self._raise_failed_publish()
+            if self._detached and self._detached[0].done():
+                self._detached.pop(0)
+
+    def _raise_failed_publish(self) -> None:
+        done = [f for f in self._detached if f.done()]
+        self._detached = [f for f in self._detached if not f.done()]
+        for future in done:
+            if future.exception() is not None:
+                raise future.exception()

@@ -12,7 +12,7 @@ from tandem.generation.types import SamplingConfig
 def validate(ctx, examples: list[Example], max_new_tokens: int) -> dict[str, float]:
     """ctx: the run's coordinator.loop.context.LoopContext."""
     tokens = ctx.tokens
-    prompts = [tokens.prompt(e.prompt) for e in examples]
+    prompts = [list(e.prompt_ids) for e in examples]
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=max_new_tokens, seed=0)
     groups = rollout.generate(prompts, greedy, ctx.generators, ctx.services.generator_failed, ctx.log,
                               present=ctx.services.generator_present)

@@ -42,10 +42,12 @@ class RunBase:
         self.console.print(f"[bold]{title}[/] {self.run_dir}")
 
     @contextmanager
-    def _services(self, model_dir: str, waiting_on: str, adopt: bool = False) -> Iterator[tuple[Services, LocalCluster]]:
-        """Start (or adopt) the run's services; every one is stopped when the block ends."""
+    def _services(self, model_dir: str, waiting_on: str, adopt: bool = False,
+                  meanwhile: Callable[[], object] | None = None) -> Iterator[tuple[Services, LocalCluster]]:
+        """Start (or adopt) the run's services, doing `meanwhile` while they boot; every one is
+        stopped when the block ends."""
         cluster = LocalCluster(self.cfg, model_dir, self.run_dir, run_token(self.run_dir), self.log, self.status,
-                               self.hosted, adopt=adopt,
+                               self.hosted, adopt=adopt, meanwhile=meanwhile,
                                notify=lambda text: self.console.print(f"[yellow]{escape(text)}[/]"))
         with self.console.status(f"starting {waiting_on}..."):
             services = cluster.__enter__()  # stops whatever it started if start-up fails

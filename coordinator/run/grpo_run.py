@@ -20,13 +20,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from coordinator.algorithms.grpo import grpo_step
+from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import HostedService, LocalCluster
 from coordinator.cluster.recovery import trainer_dead
 from coordinator.cluster.services import Services
 from coordinator.config import ExperimentConfig
-from coordinator.data.examples import PromptCursor, read_jsonl
+from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import check_tasks_configured
@@ -34,6 +34,7 @@ from coordinator.loop.validation import validate
 from coordinator.run import checkpoint
 from coordinator.run import resume as resuming
 from coordinator.run.base import RunBase
+from coordinator.run.export import export_hf
 from coordinator.run.metrics import plot_curves
 from coordinator.run.paths import prepare_inputs
 from tandem.rpc import RpcFailure
@@ -56,19 +57,25 @@ class Run(RunBase):
         cfg = self.cfg
         self._begin("Tandem run")
         model_dir, train_path, val_path = prepare_inputs(cfg)
-        check_tasks_configured({str(p): {e.task for e in read_jsonl(p, cfg.data)} for p in (train_path, val_path) if p},
+        splits = [(train_path, cfg.data.train_split), *([(val_path, cfg.data.val_split)] if val_path else [])]
+        check_tasks_configured({str(p): dataset_tasks(p, cfg.data, split) for p, split in splits},
                                set(cfg.env))  # before any service starts
-        with self._services(model_dir, "services (trainer, generators, rewards)",
-                            adopt=self.resume_from is not None) as (services, cluster):
-            summary = self._phases(services, model_dir, train_path, val_path, cluster)
+        loaded: dict = {}
+
+        def read_data() -> None:  # while the services boot: the tokenizer, the prompts rendered and tokenized
+            tokens = Tokens(model_dir)
+            loaded.update(tokens=tokens, train=read_examples(train_path, cfg.data, tokens),
+                          val=read_examples(val_path, cfg.data, tokens, split=cfg.data.val_split) if val_path else [])
+
+        with self._services(model_dir, "services (trainer, generators, rewards)", adopt=self.resume_from is not None,
+                            meanwhile=read_data) as (services, cluster):
+            summary = self._phases(services, model_dir, loaded["tokens"], loaded["train"],
+                                   loaded["val"][: cfg.grpo.max_val_samples], cluster)
         return self._finish(summary)
 
-    def _phases(self, services: Services, model_dir: str, train_path: Path, val_path: Path | None,
+    def _phases(self, services: Services, model_dir: str, tokens: Tokens, train: list[Example], val: list[Example],
                 cluster: LocalCluster) -> dict:
         cfg, log, check_alive = self.cfg, self.log, cluster.launcher.check
-        tokens = Tokens(model_dir)
-        train = read_jsonl(train_path, cfg.data)
-        val = read_jsonl(val_path, cfg.data)[: cfg.grpo.max_val_samples] if val_path else []
         ctx = LoopContext.connect(cfg, services, tokens, train, cfg.sft.seed, log, versions=self.status.versions)
         resumed = self._resume(ctx) if self.resume_from is not None else None
 
@@ -95,35 +102,45 @@ class Run(RunBase):
         summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
                        samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
                        weight_version=ctx.publisher.version)
+        exported = export_hf(ctx.services.trainer, self.run_dir / "hf", self.log)  # the trained model, for anyone
+        summary.update(hf=str(exported.path), hf_export_s=exported.seconds)
         if cfg.logger.plot_enabled:
             summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png"))
         return summary
 
     def _grpo(self, ctx: LoopContext, train, val, cluster: LocalCluster, first_step: int) -> None:
-        """The GRPO steps; a trainer that dies is relaunched and the loop resumes from the last
-        checkpoint (at most cluster.max_trainer_restarts times)."""
-        cfg = self.cfg
+        """The GRPO steps over the rollout pipeline (synchronous, or async within its age bound); a
+        trainer that dies is relaunched and the loop resumes from the last checkpoint (at most
+        cluster.max_trainer_restarts times)."""
+        cfg, rollouts = self.cfg, grpo_pipeline(ctx)
 
         def step_fn(step: int) -> dict:
-            metrics = grpo_step(ctx, step)
+            metrics = grpo_step(ctx, step, rollouts)
             if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
+                ctx.wait_published()  # async: validate the step's own weights
                 metrics["val_accuracy"] = self._validate(ctx, val, step)
             metrics["service_restarts"] = float(sum(cluster.launcher.restarts.values()))
             if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
-                self._checkpoint(ctx, step, metrics)
+                ctx.wait_published()  # the checkpoint records the version the generators serve
+                self._checkpoint(ctx, step, metrics, rollouts.cursor_after(step))
             return metrics
 
         restarts = 0
         while True:
+            rollouts.start(first_step, cfg.grpo.max_num_steps)
             try:
                 self._loop("grpo", cfg.grpo.max_num_steps, step_fn, cluster.launcher.check, first_step=first_step)
+                ctx.wait_published()
                 return
             except Exception as exc:
                 if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher,
                                                                                       exc):
                     raise
                 restarts += 1
+                rollouts.stop()
                 first_step = self._restart_trainer(ctx, train, cluster, exc) + 1
+            finally:
+                rollouts.stop()
 
     def _restart_trainer(self, ctx: LoopContext, train, cluster: LocalCluster, exc: Exception) -> int:
         """Relaunch the dead trainer, load the last checkpoint into it, publish the restored
@@ -181,15 +198,17 @@ class Run(RunBase):
         self.log.info("validation", step=step, **result)
         return result["accuracy"]
 
-    def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float]) -> None:
+    def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
+        """`cursor`: the data cursor after this step's prompts (later steps' may be drawn already)."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
         row = {"phase": "grpo", "step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
-        state = resuming.LoopState(step=step, weight_version=ctx.publisher.version, cursor=ctx.cursor.state(),
+        state = resuming.LoopState(step=step, weight_version=ctx.publisher.version, cursor=cursor,
                                    metrics=[*self.metrics.history, row],  # this step's row is logged after
                                    sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
                                    rng=resuming.capture_rng())
         started = time.perf_counter()
-        checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log)
+        checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log,
+                        save_hf=self.cfg.checkpointing.save_hf)
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + time.perf_counter() - started
 
     def _resume(self, ctx: LoopContext) -> resuming.LoopState:

@@ -13,11 +13,20 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from coordinator.config import ConfigError, ExperimentConfig
 from coordinator.config.checks import check_machine
 from coordinator.data.model_files import check_model_dir
-from coordinator.data.validate import check_lengths, load_examples, load_pairs, load_tokens, measure_prompts
+from coordinator.data.model_checks import longest_prompt
+from coordinator.data.validate import (
+    LengthReport,
+    check_lengths,
+    load_examples,
+    load_pairs,
+    load_tokens,
+    measure_prompts,
+)
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.run.paths import prepare_inputs
 
@@ -37,26 +46,34 @@ def _check(cfg: ExperimentConfig, console: Console | None) -> tuple[str, Path, P
     for task, env in cfg.env.items():
         if env.scorer.needs_model and env.reward_model.model_name is not None:
             check_model_dir(env.reward_model.model_name, f"env.{task}.reward_model.model_name")
-    sources = {"data.train_path": train_path, "data.val_path": val_path}
+    sources = {"data.train_path": (train_path, cfg.data.train_split), "data.val_path": (val_path, cfg.data.val_split)}
     if not cfg.algorithm.uses_rollouts:
-        for key, path in sources.items():
+        for key, (path, _) in sources.items():
             if path is not None:
                 load_pairs(path, cfg.data, key)
         return model_dir, train_path, val_path
-    data = {key: load_examples(path, cfg.data, key) for key, path in sources.items() if path is not None}
-    check_tasks_configured({f"{key} ({sources[key]})": {e.task for e in rows} for key, rows in data.items()},
-                           set(cfg.env))
+    if cfg.data.dataset_name == "arithmetic":  # the embedded task: every prompt has the longest one's length
+        longest, source, _ = longest_prompt(cfg)
+        overflowing = int(longest + cfg.policy.generation.max_new_tokens > cfg.policy.max_total_sequence_length)
+        _warn(console, check_lengths(cfg, LengthReport(source, 1, [], overflowing, longest)))
+        return model_dir, train_path, val_path
     tokens = load_tokens(model_dir)
-    for key, rows in data.items():
-        warning = check_lengths(cfg, measure_prompts(cfg, tokens, rows, f"{key} ({sources[key]})"))
-        if warning and console is not None:
-            console.print(f"[yellow]warning:[/] {warning}")
+    data = {f"{key} ({path})": load_examples(path, cfg.data, tokens, key, split)
+            for key, (path, split) in sources.items() if path is not None}
+    check_tasks_configured({source: {e.task for e in rows} for source, rows in data.items()}, set(cfg.env))
+    for source, rows in data.items():
+        _warn(console, check_lengths(cfg, measure_prompts(cfg, rows, source)))
     return model_dir, train_path, val_path
+
+
+def _warn(console: Console | None, warning: str | None) -> None:
+    if warning and console is not None:
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
 
 
 def _check_user_paths(cfg: ExperimentConfig) -> None:
     """The data files a jsonl run names exist, before anything is built."""
-    if cfg.data.dataset_name != "jsonl":
+    if cfg.data.dataset_name not in ("jsonl", "local"):
         return
     for key in ("train_path", "val_path"):
         value = getattr(cfg.data, key)

@@ -42,16 +42,20 @@ def prepare_inputs(cfg: ExperimentConfig) -> tuple[str, Path, Path | None]:
 
 
 def run_token(run_dir: Path) -> str:
-    """The shared token: TANDEM_TOKEN/TANDEM_TOKEN_FILE if set, else the run's own, kept in
-    <run>/token (mode 0600) so `tandem status` can read it and a restarted coordinator speaks
-    to the services that outlived the previous one."""
+    """The shared token: TANDEM_TOKEN/TANDEM_TOKEN_FILE if set, else the run's own (token_file),
+    so `tandem status` can read it and a restarted coordinator speaks to the services that
+    outlived the previous one."""
     try:
         return load_token()
     except TokenMissing:
-        path = run_dir / "token"
-        if path.is_file() and path.read_text().strip():
-            return path.read_text().strip()
-        token = secrets.token_hex(16)
+        return token_file(run_dir).read_text().strip()
+
+
+def token_file(run_dir: Path) -> Path:
+    """<run>/token (mode 0600), made once with a fresh token."""
+    path = run_dir / "token"
+    if not (path.is_file() and path.read_text().strip()):
         path.touch(mode=0o600)
-        path.write_text(token)
-        return token
+        path.chmod(0o600)
+        path.write_text(secrets.token_hex(16))
+    return path

@@ -1,6 +1,6 @@
 """A DPO or reward-model run in local mode: only the trainer is launched (no generator, no
 reward service); each step is one optimizer step on policy.train_global_batch_size preference
-pairs; the trained model is exported as an HF checkpoint into <run>/hf_checkpoint (for RM, what
+pairs; the trained model is exported as an HF checkpoint into <run>/hf (for RM, what
 reward_svc's reward_model scorer serves). Everything else (run dir, logs, metrics.jsonl,
 tensorboard, summary.json, stopping what was started) is as in `coordinator.run.Run`.
 Loop checkpoints and --resume are GRPO-only for now.
@@ -24,6 +24,7 @@ from coordinator.data.examples import PromptCursor
 from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
 from coordinator.run.base import RunBase
+from coordinator.run.export import export_hf
 from coordinator.run.paths import prepare_inputs
 from trainer_svc.client import TrainerClient
 
@@ -79,9 +80,9 @@ class PreferenceRun(RunBase):
         rows = [row for row in self.metrics.history if row.get("phase") == phase]
         summary["train_accuracy_first"] = rows[0].get("accuracy") if rows else None
         summary["train_accuracy_last"] = rows[-1].get("accuracy") if rows else None
-        export = self.run_dir / "hf_checkpoint"
-        trainer.export_hf(str(export))
-        summary["hf_checkpoint"] = str(export)
+        exported = export_hf(trainer, self.run_dir / "hf", self.log)
+        export = exported.path
+        summary.update(hf=str(export), hf_export_s=exported.seconds)
         self.console.print(f"exported the trained {'reward model' if phase == 'rm' else 'policy'} to {export}")
         if "val_accuracy_before" in summary:
             self.console.print(f"[bold]held-out reward accuracy: {summary['val_accuracy_before']:.1%} -> "

@@ -5,8 +5,9 @@ Ground truth: a JSON object (as a string)
 
     {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "entry_point": "add"}
 
-`tests` (non-empty list of Python snippets) run one by one, in order, in the namespace the
-completion's code left behind; a test passes when it runs without raising. `entry_point`
+`tests` (non-empty list of Python snippets) run one by one, in order; a test passes when it
+runs without raising. They see the names the completion's code defined at top level (its
+functions and classes run in the completion's own process, see below). `entry_point`
 (optional) names the function under test; when the completion defines it, tests may also
 call it as `candidate`. A test that loops forever runs into the sandbox's wall clock: tests
 that passed before it still count.
@@ -14,10 +15,12 @@ that passed before it still count.
 The code is the last ```python (or ```py) fenced block of the completion, else its last
 fenced block of any language, else the whole completion.
 
-What the completion cannot do is listed in reward_svc/sandbox/__init__.py. What it can do:
-fool its own tests from inside the interpreter (an object whose __eq__ is always True, or
-finding the harness's report nonce by frame introspection). Reward hacking of that kind is
-the training recipe's problem; it never escapes the sandbox.
+What the completion cannot do is listed in reward_svc/sandbox/__init__.py. Nor can it fool
+its tests from inside the interpreter: the tests run in a process of their own that the
+completion's code never runs in (reward_svc/envs/code_harness.py), and what its functions
+return crosses to them as plain data, so an object whose __eq__ is always true, patched
+builtins, math, operator or json, an early exit or a forged report line score 0. What it
+still can do is what any program can: special-case the inputs it is called with.
 """
 
 from __future__ import annotations
@@ -43,11 +46,17 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class CodeRun:
-    """Outcome of one item: which of its tests passed, and the raw sandbox result."""
+    """Outcome of one item: which of its tests passed, and the raw sandbox result.
+
+    solution_exit: how the completion's process ended (exit code, or minus the signal that
+    killed it); None when it was still running at the end (then stopped) or when the harness
+    did not get that far (the sandbox's wall clock).
+    """
 
     passed: frozenset[int]
     num_tests: int
     sandbox: SandboxResult
+    solution_exit: int | None = None
 
 
 def parse_ground_truth(ground_truth: str) -> tuple[list[str], str | None]:
@@ -84,12 +93,16 @@ def run_tests(completion: str, ground_truth: str, limits: SandboxLimits) -> Code
     result = run_program(_harness_source(), limits, input_text=job)
     if result.setup_error:
         raise SandboxUnavailable(result.setup_error)
-    passed = set()
+    passed, solution_exit = set(), None
     for line in result.reports.decode(errors="replace").splitlines():
         token, _, index = line.partition(" ")
-        if secrets.compare_digest(token, nonce) and index.isdigit() and int(index) < len(tests):
+        if not secrets.compare_digest(token, nonce):
+            continue
+        if index.isdigit() and int(index) < len(tests):
             passed.add(int(index))
-    return CodeRun(passed=frozenset(passed), num_tests=len(tests), sandbox=result)
+        elif index.startswith("exit ") and index[5:].lstrip("-").isdigit():
+            solution_exit = int(index[5:])
+    return CodeRun(passed=frozenset(passed), num_tests=len(tests), sandbox=result, solution_exit=solution_exit)
 
 
 def score(completion: str, ground_truth: str, limits: SandboxLimits) -> ScoreResult:

@@ -67,7 +67,7 @@ def env(tmp_path_factory):
                           timeout_s=300)
     TIMINGS["startup_s"] = time.monotonic() - started
     client = GeneratorClient(service.address, procs.TOKEN)
-    sender = WeightSender()
+    sender = WeightSender(secret=procs.TOKEN)  # the generator seals its side with the run's token
     yield {"service": service, "client": client, "A": model_a, "B": model_b, "tokenizer": tokenizer,
            "root": root, "sender": sender}
     sender.close()

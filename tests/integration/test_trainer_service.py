@@ -224,7 +224,7 @@ from tandem.weight_sync import BucketPlan, GroupSpec, TensorSpec, WeightReceiver
 spec = json.load(open(sys.argv[1]))
 plan = BucketPlan(tuple(TensorSpec(**{**t, "shape": tuple(t["shape"])}) for t in spec["plan"]["tensors"]),
                   tuple(spec["plan"]["bucket_sizes_bytes"]))
-receiver = WeightReceiver()
+receiver = WeightReceiver(secret=spec["token"])  # the trainer's store is sealed with the run's token
 state = receiver.receive(GroupSpec(**spec["group"]), 1, spec["version"], plan)
 receiver.close()
 save_file(state, sys.argv[2])
@@ -236,7 +236,7 @@ def test_publish_weights_equal_the_exported_checkpoint(trainer, tmp_path):
     group = GroupSpec(info.weight_sync_store_address, epoch=1, epoch_secret="s3cret", world_size=2, op_timeout_s=60)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"plan": dataclasses.asdict(info.bucket_plan), "group": dataclasses.asdict(group),
-                                "version": 3}))
+                                "version": 3, "token": procs.TOKEN}))
     script = tmp_path / "receiver.py"
     script.write_text(RECEIVER)
     receiver = subprocess.Popen([sys.executable, str(script), str(spec), str(tmp_path / "received.safetensors")],

@@ -42,7 +42,7 @@ from trainer_svc.types import (
 )
 
 __all__ = ["LossFn", "LossInputs", "LossOutput", "bradley_terry_loss", "build_loss_fn", "count_loss_sequences",
-           "dpo_loss", "grpo_loss", "nll_loss", "masked_entropy_sum"]
+           "dpo_loss", "grpo_loss", "nll_loss", "masked_entropy_sum", "previous_logprobs_needed"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,16 @@ class LossFn:
                  num_global_sequences: float | None = None) -> LossOutput:
         """num_global_sequences: `count_loss_sequences` of the step; sequence-level losses need it."""
         return self.compute(curr_logprobs, inputs, num_global_tokens, num_global_sequences)
+
+
+def previous_logprobs_needed(loss_fn: LossFn, optimizer_step: int, dropout_free: bool) -> bool:
+    """Whether optimizer step `optimizer_step` (0-based) of a TrainStep needs a pass that scores its
+    micro-batches under the weights before it. The first needs none when the model has no active
+    dropout: its weights are the step's starting weights, so the training forward's logprobs are
+    the previous ones (the same micro-batches, the same shapes, the same kernels). Later steps run
+    on moved weights and need the pass. (On-policy GRPO with one optimizer step per TrainStep runs
+    two forward passes instead of three.)"""
+    return loss_fn.needs_previous_logprobs and (optimizer_step > 0 or not dropout_free)
 
 
 def count_loss_sequences(samples: Sequence[Sample]) -> int:
@@ -89,8 +99,11 @@ def build_loss_fn(config: LossConfig) -> LossFn:
 
 def _grpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_global_sequences: float | None, *,
           config: GrpoLossConfig) -> LossOutput:
-    assert inputs.prev_logprobs is not None and inputs.generation_logprobs is not None
-    return grpo_loss(curr, prev_logprobs=inputs.prev_logprobs, generation_logprobs=inputs.generation_logprobs,
+    assert inputs.generation_logprobs is not None
+    # No previous logprobs: the weights have not moved since the step began (its first optimizer
+    # step, see `previous_logprobs_needed`), so they equal the current ones, detached.
+    prev = curr.detach() if inputs.prev_logprobs is None else inputs.prev_logprobs
+    return grpo_loss(curr, prev_logprobs=prev, generation_logprobs=inputs.generation_logprobs,
                      reference_logprobs=inputs.reference_logprobs, advantages=inputs.advantages, mask=inputs.mask,
                      num_global_tokens=num_global_tokens, num_global_sequences=num_global_sequences, config=config)
 

@@ -10,7 +10,28 @@ def test_defaults_are_the_embedded_demo():
     assert cfg.policy.model_name is None
     assert cfg.grpo.num_prompts_per_step == 16 and cfg.grpo.num_generations_per_prompt == 8
     assert cfg.data.dataset_name == "arithmetic"
-    assert cfg.cluster.trainer_ranks == 2
+    assert cfg.cluster.trainer_ranks == 1  # a CPU machine: the fewest ranks the layout needs
+
+
+@pytest.mark.parametrize("overrides, ranks", [
+    ([], 1), (["policy.dtensor_cfg.tensor_parallel_size=2"], 2), (["cluster.gpus_per_node=4", "cluster.num_nodes=2"], 8),
+    (["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.tensor_model_parallel_size=2",
+      "policy.megatron_cfg.pipeline_model_parallel_size=2"], 4), (["cluster.trainer_ranks=3"], 3),
+])
+def test_trainer_ranks_default_to_what_the_machine_and_layout_need(overrides, ranks):
+    assert load_config(overrides=overrides).cluster.trainer_ranks == ranks
+
+
+def test_service_threads_share_the_cores():
+    from coordinator.cluster.specs import service_threads
+
+    assert service_threads(load_config(), cores=2) == service_threads(load_config(), cores=2)
+    sync = service_threads(load_config(overrides=["cluster.trainer_ranks=2", "cluster.num_generators=2"]), cores=8)
+    assert (sync.trainer_rank, sync.generator, sync.reward) == (4, 4, 1)  # turns: each side gets the machine
+    overlap = service_threads(load_config(overrides=["grpo.async_grpo.enabled=true"]), cores=8)
+    assert (overlap.trainer_rank, overlap.generator) == (4, 4)  # at once: half each
+    assert service_threads(load_config(overrides=["cluster.threads_per_service=3"]), cores=8).env("generator") == {
+        "OMP_NUM_THREADS": "3"}
 
 
 def test_yaml_and_dotted_overrides(tmp_path):

@@ -10,6 +10,7 @@ import structlog
 
 from coordinator.cli import container
 from coordinator.config import load_config
+from coordinator.embedded.tiny_model import build_tiny_model
 from tandem import probe
 from tandem.rpc import start_server
 
@@ -20,10 +21,8 @@ def _args(*argv: str):
 
 @pytest.fixture
 def model(tmp_path):
-    """A stand-in checkpoint directory: config validation only checks for config.json."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
-    return tmp_path / "model"
+    """A real (tiny) checkpoint directory: config load checks the model against the config."""
+    return build_tiny_model(tmp_path / "model")
 
 
 def test_experiment_is_read_from_env_then_argv(monkeypatch):
@@ -51,7 +50,7 @@ def test_each_role_gets_its_own_settings_from_the_experiment(tmp_path, model):
         assert argv[argv.index("--advertise-host") + 1] == "127.0.0.1"  # the interface towards the coordinator
         settings = json.loads((tmp_path / f"{role}.json").read_text())
         if role == "trainer":
-            assert "--standalone" in argv and settings["weight_sync_host"] == "127.0.0.1"
+            assert "--rdzv-conf=store_type=file" in argv and settings["weight_sync_host"] == "127.0.0.1"
             assert settings["model_name"] == str(model) and settings["seed"] == 5
         elif role == "generator":
             assert settings["seed"] == 7 and argv[2] == "generator_svc"

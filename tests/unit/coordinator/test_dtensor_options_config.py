@@ -25,7 +25,8 @@ def test_dtensor_cfg_keys_reach_the_trainer():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["policy.dtensor_cfg.tensor_parallel_size=4"], r"tensor_parallel_size \(4\) must divide cluster.trainer_ranks"),
+    (["cluster.trainer_ranks=2", "policy.dtensor_cfg.tensor_parallel_size=4"],
+     r"tensor_parallel_size \(4\) must divide cluster.trainer_ranks"),
     (["policy.dtensor_cfg.sequence_parallel=true"], "sequence_parallel needs tensor_parallel_size > 1"),
     (["policy.dtensor_cfg.context_parallel_size=2"], "policy.dtensor_cfg.context_parallel_size"),
 ])

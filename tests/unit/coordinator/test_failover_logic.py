@@ -124,7 +124,7 @@ class FakeTrainer:
     def __post_init__(self):
         self.groups = []
 
-    def publish_weights(self, group, version):
+    def publish_weights(self, group, version, detach=False):
         self.groups.append(group)
         if self.fail_times:
             self.fail_times -= 1

@@ -11,9 +11,16 @@ import pytest
 from coordinator.cluster.log_cause import cause_line
 from coordinator.config import ConfigError, load_config
 from coordinator.config.checks import check_kv_cache_memory, check_machine, check_writable_dir
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import Example, read_examples
 from coordinator.data.model_files import check_model_dir
+from coordinator.data.tokens import Tokens
 from coordinator.data.validate import check_lengths, load_examples, measure_prompts
+from coordinator.embedded.tiny_model import build_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokens() -> Tokens:
+    return Tokens("the embedded model", build_char_tokenizer())
 
 
 def _safetensors(path: Path, tensors: dict[str, tuple[list[int], int]], cut: int = 0) -> None:
@@ -90,50 +97,45 @@ def test_kv_cache_beyond_the_memory_of_the_machine_is_refused(tmp_path):
     (b"\n \n\n", r"holds no examples"),
     (b'{"prompt": "1+1=", "answer": "2"}\n[1, 2]\n', r"d\.jsonl:2: a row must be a JSON object"),
     (b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": \n', r"d\.jsonl:2: not a JSON object"),
-    (b'{"prompt": null, "answer": "2"}\n', r"d\.jsonl:1: prompt must be a string, not null"),
-    (b'{"prompt": "1+1=", "answer": "2", "task": ["a"]}\n', r"d\.jsonl:1: task must be a string"),
+    (b'{"prompt": null, "answer": "2"}\n', r"d\.jsonl: row 1 has no 'prompt'"),
+    (b'{"prompt": {"a": 1}, "answer": "2"}\n', r"d\.jsonl: row 1: prompt must be a string or a list"),
+    (b'{"prompt": "1+1=", "answer": [2]}\n', r"d\.jsonl: row 1: answer must be a string"),
+    (b'{"prompt": "1+1=", "answer": "2", "task": ["a"]}\n', r"d\.jsonl: row 1: task must be a string"),
     (b'{"prompt": "1+1=", "answer": "2"}\n\x89PNG\r\n\x1a\n\xff\x00', r"d\.jsonl: not UTF-8 text"),
-    (b'{"answer": "2"}\n', r"d\.jsonl:1: missing keys \['prompt'\]"),
+    (b'{"answer": "2"}\n', r"d\.jsonl: row 1 has no 'prompt'"),
 ])
-def test_malformed_data_files_name_the_file_and_line(tmp_path, content, message):
+def test_malformed_data_files_name_the_file_and_line(tmp_path, tokens, content, message):
     path = tmp_path / "d.jsonl"
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=message) as caught:
-        load_examples(path, load_config().data, "data.train_path")
+        load_examples(path, load_config().data, tokens, "data.train_path", "train")
     assert str(caught.value).startswith("data.train_path: ")
 
 
-def test_a_data_path_that_is_a_directory_or_missing_is_named(tmp_path):
+def test_a_data_path_that_is_a_directory_or_missing_is_named(tmp_path, tokens):
+    data = load_config(overrides=["data.dataset_name=jsonl", "data.train_path=x"]).data
     with pytest.raises(ValueError, match="is a directory"):
-        read_jsonl(tmp_path, load_config().data)
+        read_examples(tmp_path, data, tokens)
     with pytest.raises(ValueError, match="does not exist"):
-        read_jsonl(tmp_path / "nope.jsonl", load_config().data)
+        read_examples(tmp_path / "nope.jsonl", data, tokens)
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes(b'\xef\xbb\xbf{"prompt": "1+1=", "answer": 2}\n')
-    assert read_jsonl(bom, load_config().data)[0].answer == "2"  # a byte-order mark and a numeric answer are fine
+    assert read_examples(bom, data, tokens)[0].answer == "2"  # a byte-order mark and a numeric answer are fine
 
 
-class _CharTokens:
-    def prompt(self, text: str) -> list[int]:
-        return [0, *range(len(text))]
-
-
-def test_prompt_lengths_against_what_generators_and_the_trainer_take(tmp_path):
-    path = tmp_path / "d.jsonl"
-    rows = [{"prompt": "x" * n, "answer": "1"} for n in (5, 5, 5, 40)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    examples = load_examples(path, load_config().data, "data.train_path")
+def test_prompt_lengths_against_what_generators_and_the_trainer_take():
+    examples = [Example("x" * n, "1", "arithmetic", tuple(range(n + 1))) for n in (5, 5, 5, 40)]
     cfg = load_config(overrides=["policy.generation.max_new_tokens=4"])  # max_model_len 64, max_total 64
-    assert check_lengths(cfg, measure_prompts(cfg, _CharTokens(), examples, "train")) is None
+    assert check_lengths(cfg, measure_prompts(cfg, examples, "train")) is None
     cfg = load_config(overrides=["policy.generation.max_new_tokens=30"])
     with pytest.raises(ConfigError, match=r"1 of 4 prompts are too long for the generators.*at least 71"):
-        check_lengths(cfg, measure_prompts(cfg, _CharTokens(), examples, "train"))
+        check_lengths(cfg, measure_prompts(cfg, examples, "train"))
     cfg = load_config(overrides=["policy.max_total_sequence_length=20"])
-    warning = check_lengths(cfg, measure_prompts(cfg, _CharTokens(), examples, "train"))
+    warning = check_lengths(cfg, measure_prompts(cfg, examples, "train"))
     assert warning and "1 of 4 prompts (25%)" in warning and "at least 45" in warning
     cfg = load_config(overrides=["policy.max_total_sequence_length=4"])
     with pytest.raises(ConfigError, match=r"4 of 4 prompts \(100%\).*data\.max_truncated_fraction"):
-        check_lengths(cfg, measure_prompts(cfg, _CharTokens(), examples, "train"))
+        check_lengths(cfg, measure_prompts(cfg, examples, "train"))
 
 
 @pytest.mark.parametrize("override, message", [

@@ -48,7 +48,8 @@ def test_dpo_section_maps_to_the_trainer_loss():
     ({"policy": {"reward_model_cfg": {"enabled": True}}}, "reward_model_cfg.enabled"),
     ({"dpo": {}}, "data.dataset_name"),
     ({**PAIRS}, "for a dpo or rm run"),
-    ({**PAIRS, "dpo": {}, "policy": {"train_global_batch_size": 3}}, "multiple of cluster.trainer_ranks"),
+    ({**PAIRS, "dpo": {}, "policy": {"train_global_batch_size": 3}, "cluster": {"trainer_ranks": 2}},
+     "multiple of cluster.trainer_ranks"),
     ({**PAIRS, "dpo": {"preference_loss_weight": 0.0}}, "nothing to train"),
     ({**PAIRS, "dpo": {"beta": 0.1}}, "unknown key dpo.beta"),
 ])

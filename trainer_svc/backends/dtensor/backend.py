@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from trainer_svc.backends.dtensor import checkpoint
-from trainer_svc.backends.dtensor.model import load_sharded_policy
+from trainer_svc.backends.dtensor.model import dropout_free, load_sharded_policy
 from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, clip_grad_norm, offload_policy
 from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
@@ -36,7 +36,14 @@ from trainer_svc.batching import (
 from trainer_svc.config import TrainerSettings, TrainingBackend
 from trainer_svc.distributed import DistEnv
 from trainer_svc.held_bytes import HeldBytes
-from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_sequences, masked_entropy_sum
+from trainer_svc.losses import (
+    LossFn,
+    LossInputs,
+    build_loss_fn,
+    count_loss_sequences,
+    masked_entropy_sum,
+    previous_logprobs_needed,
+)
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
 
@@ -67,6 +74,8 @@ class DTensorBackend:
                                      offload_policy=offload_policy(cfg.cpu_offload, env.device),
                                      sequence_classifier=settings.reward_model_cfg.enabled)
         self._model = policy.model
+        self.dropout_free = dropout_free(self._model)
+        """No dropout is active in training: the first optimizer step's previous logprobs are its own (losses)."""
         self._pad_id = policy.pad_id
         self.vocab_size = policy.vocab_size
         self.num_parameters = policy.num_parameters
@@ -170,13 +179,14 @@ class DTensorBackend:
         for step in steps:
             shard, groups = rank_micro_batches(step, self._dp_rank, self._dims.dp, split)
             local.append([self._collate([shard[i] for i in group]) for group in groups])
-        prev = [[self._score(b) for b in step] for step in local] if loss_fn.needs_previous_logprobs else None
+        prev = [[self._score(b) for b in step] if previous_logprobs_needed(loss_fn, s, self.dropout_free) else None
+                for s, step in enumerate(local)]
         ref = None
         if loss_fn.needs_reference_logprobs:
             with self._reference.holding("reference"):
                 ref = [[self._score(b) for b in step] for step in local]
         per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step),
-                                         prev[s] if prev else None, ref[s] if ref else None,
+                                         prev[s], ref[s] if ref else None,
                                          num_sequences=count_loss_sequences(step))
                     for s, (step, batches) in enumerate(zip(steps, local))]
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}

@@ -137,3 +137,13 @@ def _config_dtype(config) -> torch.dtype:
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
+
+def dropout_free(model: torch.nn.Module) -> bool:
+    """Whether training runs the same forward as scoring: no Dropout module with p > 0, and no
+    dropout probability > 0 in the HF config (attention dropout is functional, read from it)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return False
+    config = getattr(model, "config", None)
+    values = config.to_dict().items() if config is not None else ()
+    return not any("dropout" in key and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                   for key, v in values)

@@ -51,7 +51,14 @@ from trainer_svc.batching import (
 from trainer_svc.config import TrainerSettings, TrainingBackend
 from trainer_svc.distributed import DistEnv
 from trainer_svc.held_bytes import HeldBytes
-from trainer_svc.losses import LossFn, LossInputs, build_loss_fn, count_loss_sequences, masked_entropy_sum
+from trainer_svc.losses import (
+    LossFn,
+    LossInputs,
+    build_loss_fn,
+    count_loss_sequences,
+    masked_entropy_sum,
+    previous_logprobs_needed,
+)
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
 
@@ -228,13 +235,14 @@ class MegatronBackend:
             num_micro = _ceil_div(_ceil_div(global_batch_size, dp), micro_batch_size)
             local = [self._micro_batches(rank_shard(step, dp_rank, dp), micro_batch_size, num_micro, width)
                      for step in steps]
-            prev = [self._score_batches(b) for b in local] if loss_fn.needs_previous_logprobs else None
+            prev = [self._score_batches(b) if previous_logprobs_needed(loss_fn, s, dropout_free=True) else None
+                    for s, b in enumerate(local)]  # dropout-free: hidden_dropout = attention_dropout = 0 (model.py)
             ref = None
             if loss_fn.needs_reference_logprobs:
                 with self._reference.holding("reference"):
                     ref = [self._score_batches(b) for b in local]
             per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step), count_loss_sequences(step),
-                                             prev[s] if prev else None, ref[s] if ref else None, learning_rate)
+                                             prev[s], ref[s] if ref else None, learning_rate)
                         for s, (step, batches) in enumerate(zip(steps, local))]
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
         metrics["num_tokens"] = float(sum(m["num_tokens"] for m in per_step))

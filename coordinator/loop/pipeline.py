@@ -1,0 +1,167 @@
+"""The rollout pipeline of GRPO: one producer that rolls out the steps' batches in order, and
+the step loop that takes them. Synchronous and asynchronous GRPO are this one pipeline with a
+different bound on a trajectory's age (`grpo.async_grpo.max_trajectory_age_steps`; 0 when async
+is off).
+
+A batch for step s may be produced once the weights of step s - 1 - max_age are published (so
+it is sampled by weights at most max_age versions behind the ones that train on it: each step
+publishes one version, and generators serve only the published version, loop/context.py) and
+the loop has asked for step s - max_age. With max_age 0 the producer starts batch s only when
+step s asks for it, after step s - 1 published, validated and checkpointed: rollout, train and
+publish strictly alternate, exactly the synchronous step. With max_age k it runs up to k
+batches ahead while the trainer trains, and generators swap weights between its calls.
+
+Every group is checked again when its step takes it (age = published version - the oldest version
+that sampled any of its episodes); one older than the bound is dropped and replaced by a fresh
+group (never trained on), and counted. Each batch keeps the data cursor's state after its
+prompts were drawn, so a checkpoint of step s resumes from the prompts after batch s even when
+later batches were already drawn.
+
+The producer runs on a thread of its own: an error there (a dead trainer, dynamic sampling
+exhausted) is raised by the `take` of the step it was producing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordinator.loop.groups import RolloutGroups
+
+
+@dataclass
+class RolloutBatch:
+    """One step's prompt groups and what producing them measured."""
+
+    step: int
+    rollouts: RolloutGroups
+    metrics: dict[str, float]
+    cursor_after: dict[str, int] = field(default_factory=dict)
+    """The data cursor's state right after this batch's prompts were drawn (for checkpoints)."""
+
+
+Produce = Callable[[int, int], tuple[RolloutGroups, dict[str, float]]]
+"""(step, number of prompt groups) -> the step's groups and their metrics (dynamic sampling inside)."""
+
+
+class RolloutPipeline:
+    def __init__(self, produce: Produce, num_groups: int, *, max_age: int, published_version: Callable[[], int],
+                 cursor_state: Callable[[], dict[str, int]], log):
+        if max_age < 0:
+            raise ValueError(f"max_age must be >= 0, got {max_age}")
+        self._produce, self._num_groups, self.max_age = produce, num_groups, max_age
+        self._published_version, self._cursor_state, self._log = published_version, cursor_state, log
+        self._changed = threading.Condition()
+        self._produce_lock = threading.Lock()  # the data cursor is drawn by one producer at a time
+        self._batches: dict[int, RolloutBatch] = {}
+        self._errors: dict[int, BaseException] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._next = self._last = self._published = self._asked = 0
+        self._cursors: dict[int, dict[str, int]] = {}  # step -> cursor after its batch, for taken steps
+
+    def start(self, first_step: int, last_step: int) -> None:
+        """Produce the batches of steps first_step..last_step (step first_step - 1 counts as published)."""
+        self.stop()
+        self._next, self._last = first_step, last_step
+        self._published, self._asked, self._stopping = first_step - 1, first_step - 1, False
+        self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 600.0) -> None:
+        """Stop producing and forget what was produced (its prompts are not drawn again)."""
+        thread, self._thread = self._thread, None
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        if thread is not None:
+            thread.join(timeout_s)
+        self._batches.clear()
+        self._errors.clear()
+
+    def published(self, step: int) -> None:
+        """Step `step`'s weights reached the generators."""
+        with self._changed:
+            self._published = max(self._published, step)
+            self._changed.notify_all()
+
+    def take(self, step: int) -> RolloutBatch:
+        """Step `step`'s batch (waiting for it), every group within the age bound. A step outside
+        the started range (a lone step: tests, tools) restarts the pipeline at it."""
+        if self._thread is None or not self._asked < step <= self._last:
+            self.start(step, step)
+        waited = time.perf_counter()
+        with self._changed:
+            self._asked = step
+            self._changed.notify_all()
+            while step not in self._batches and step not in self._errors:
+                self._changed.wait(1.0)
+            if step in self._errors:
+                self._thread = None  # the producer stopped at the failed batch: the next take starts anew
+                raise self._errors.pop(step)
+            batch = self._batches.pop(step)
+        batch.metrics["time_rollout_wait_s"] = time.perf_counter() - waited
+        self._cursors = {step: batch.cursor_after}
+        return self._fresh(batch)
+
+    def cursor_after(self, step: int) -> dict[str, int]:
+        """The data cursor's state after step `step`'s prompts (the step last taken): what a
+        checkpoint of that step resumes from."""
+        return self._cursors[step]
+
+    # ------------------------------------------------------------------ producer side
+
+    def _may_produce(self, step: int) -> bool:
+        return step <= min(self._published + 1 + self.max_age, self._asked + self.max_age)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._stopping and self._next <= self._last and not self._may_produce(self._next):
+                    self._changed.wait(1.0)
+                if self._stopping or self._next > self._last:
+                    return
+                step = self._next
+            try:
+                batch = self._make(step, self._num_groups)
+            except BaseException as exc:  # raised by the take() of this step
+                with self._changed:
+                    self._errors[step] = exc
+                    self._next = self._last + 1  # nothing after a failed batch
+                    self._changed.notify_all()
+                return
+            with self._changed:
+                if self._stopping:
+                    return
+                self._batches[step] = batch
+                self._next = step + 1
+                self._changed.notify_all()
+
+    def _make(self, step: int, num_groups: int) -> RolloutBatch:
+        started = time.perf_counter()
+        with self._produce_lock:
+            rollouts, metrics = self._produce(step, num_groups)
+            cursor = self._cursor_state()
+        metrics = {**metrics, "time_rollout_s": time.perf_counter() - started}
+        return RolloutBatch(step, rollouts, metrics, cursor)
+
+    # ------------------------------------------------------------------ the age bound
+
+    def _fresh(self, batch: RolloutBatch) -> RolloutBatch:
+        """Drop (and replace) the groups older than the bound; record the ages."""
+        version = self._published_version()
+        ages = [version - min(e.weight_version for e in group) for group in batch.rollouts.groups]
+        keep = [i for i, age in enumerate(ages) if age <= self.max_age]
+        dropped = len(ages) - len(keep)
+        rollouts = batch.rollouts
+        if dropped:
+            self._log.warning("stale_groups_dropped", step=batch.step, groups=dropped, max_age=self.max_age,
+                              ages=sorted(set(ages)))
+            replacement = self._make(batch.step, dropped).rollouts  # sampled by the current weights
+            rollouts = RolloutGroups.concat([rollouts.select(keep), replacement])
+        kept_ages = [ages[i] for i in keep] + [0] * dropped
+        batch.metrics.update(trajectory_age_mean=sum(kept_ages) / len(kept_ages), trajectory_age_max=float(max(kept_ages)),
+                             stale_groups_dropped=float(dropped))
+        return RolloutBatch(batch.step, rollouts, batch.metrics, batch.cursor_after)

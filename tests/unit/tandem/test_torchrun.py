@@ -1,0 +1,70 @@
+"""tandem/torchrun.py: the trainer's torchrun on one host meets without a socket of its own and
+hands its ranks a loopback MASTER_ADDR."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from coordinator.cluster import launcher
+from tandem.torchrun import TORCHRUN_ENV, torchrun_head, torchrun_module
+
+# Each rank prints what torchrun gave it; rank 0 also lists the TCP sockets its parent (the
+# agent) listens on.
+_RANK = """
+import os
+print("RANK", os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
+if os.environ["RANK"] == "0":
+    agent = os.getppid()
+    inodes = {os.readlink(f"/proc/{agent}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{agent}/fd")
+              if os.readlink(f"/proc/{agent}/fd/{fd}").startswith("socket:")}
+    listening = [line.split()[1] for table in ("tcp", "tcp6") for line in open(f"/proc/net/{table}").readlines()[1:]
+                 if line.split()[3] == "0A" and line.split()[9] in inodes]
+    print("AGENT_LISTENS", listening, flush=True)
+"""
+
+
+def test_one_host_uses_a_file_rendezvous_and_a_loopback_master():
+    argv = torchrun_module("trainer_svc", 2, "--settings", "t.json")
+    assert "--standalone" not in argv
+    assert {"--nnodes=1", "--rdzv-backend=c10d", "--rdzv-conf=store_type=file", "--local-addr=127.0.0.1"} <= set(argv)
+    assert argv[argv.index("-m", 3):] == ["-m", "trainer_svc", "--settings", "t.json"]
+    ids = [next(a for a in torchrun_head(2) if a.startswith("--rdzv-id=")) for _ in range(2)]
+    assert ids[0] != ids[1]  # a fresh rendezvous id per launch
+
+
+def test_several_nodes_meet_at_the_endpoint():
+    argv = torchrun_head(4, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", local_addr="10.0.0.2")
+    assert {"--nnodes=2", "--node-rank=1", "--rdzv-endpoint=10.0.0.1:29400", "--local-addr=10.0.0.2"} <= set(argv)
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        torchrun_head(4, nnodes=2)
+
+
+def test_the_agent_listens_on_nothing(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
+    done = subprocess.run([*torchrun_head(2), str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **TORCHRUN_ENV}, cwd=tmp_path, check=False)
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert sorted(line[1:] for line in lines if line[0] == "RANK") == [["0", "127.0.0.1", "False"],
+                                                                       ["1", "127.0.0.1", "False"]], done.stderr[-2000:]
+    assert ["AGENT_LISTENS", "[]"] in lines, done.stdout
+
+
+def test_the_agent_of_a_standalone_torchrun_listens_on_every_interface(tmp_path):
+    """Control: the same probe finds --standalone's rendezvous store, on [::]."""
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK)
+    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", str(script)]
+    done = subprocess.run(standalone, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **TORCHRUN_ENV}, cwd=tmp_path, check=False)
+    listens = next(line for line in done.stdout.splitlines() if line.startswith("AGENT_LISTENS"))
+    assert "'00000000000000000000000000000000:" in listens, listens  # [::]
+
+
+def test_the_coordinator_launches_torchrun_without_a_listener():
+    argv = launcher.torchrun_module("trainer_svc", 2)
+    assert "--standalone" not in argv and "--rdzv-conf=store_type=file" in argv and "--local-addr=127.0.0.1" in argv
