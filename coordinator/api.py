@@ -109,8 +109,10 @@ class GRPOTrainer:
         raw = apply_overrides(_raw_config(config), overrides)
         self.reward_fns = dict(reward_fns or {})
         for task in self.reward_fns:
-            env = raw.setdefault("env", {t: {} for t in ExperimentConfig().env})  # keep the default tasks
-            env.setdefault(task, {})["external"] = True
+            if "env" not in raw:  # keep the default tasks, and their rows' task for rows that name none
+                raw["env"] = {t: {} for t in ExperimentConfig().env}
+                raw.setdefault("data", {}).setdefault("default_task", ExperimentConfig().data.default_task)
+            raw["env"].setdefault(task, {})["external"] = True
         self.config = load_config(raw=raw)
         self.console = console or Console(stderr=True)
 

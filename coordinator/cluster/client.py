@@ -4,7 +4,7 @@ tandem.membership, the kernel's side of the same contract.)"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
@@ -35,7 +35,8 @@ class RunStatusView:
     weight_version: int
     members: tuple[MemberView, ...]
     last_metrics: dict[str, float]
-    service_restarts: dict[str, int]
+    service_restarts: dict[str, int] = field(default_factory=dict)
+    """Relaunches of the services the run launched, by service name."""
 
 
 class CoordinatorClient:

@@ -97,15 +97,13 @@ class LocalCluster:
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
             if self.cfg.cluster.launch == "local":
-                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher,
-                           trainer_only=self.trainer_only)
+                self._launch()
             else:
                 self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
                               tasks=sorted(self.cfg.env))
             if self.meanwhile is not None:
                 self.meanwhile()
-            self.registry.wait_for(all_registered(self.cfg, self.trainer_only), self.cfg.cluster.startup_timeout_s,
-                                   check=self.launcher.check)
+            self.registry.wait_for(self._ready(), self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
             self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
             self.supervisor.start()
         except BaseException:
@@ -113,6 +111,14 @@ class LocalCluster:
             raise
         self.startup_s = time.perf_counter() - started
         return self.services
+
+    def _launch(self) -> None:
+        """Start the run's services as local children (cluster.launch local)."""
+        launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher, trainer_only=self.trainer_only)
+
+    def _ready(self):
+        """The predicate over live members that start-up waits for."""
+        return all_registered(self.cfg, self.trainer_only)
 
     def _serve(self) -> str:
         try:
@@ -140,7 +146,8 @@ class LocalCluster:
 
     def _needs(self) -> dict[str, str]:
         """What the run cannot go on without, for the supervisor's notices."""
-        needs = {"the trainer": "trainer"}
+        launched = self.launcher.pids()
+        needs = {"the trainer": "trainer"} if "trainer" in launched or self.cfg.cluster.launch == "external" else {}
         if self.cfg.algorithm.uses_rollouts and not self.trainer_only:
             if self.cfg.policy.generation.backend.separate_services:
                 needs["a generator"] = "generator"

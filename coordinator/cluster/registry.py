@@ -75,6 +75,8 @@ class Registry:
         self._drained: set[str] = set()  # left after draining: their calls finished on their side
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self.run_over = False
+        """Set when the run ends: heartbeats tell every member to stop (coordinator/cluster/dismiss.py)."""
 
     def register(self, kind: str, address: str, *, model_fingerprint: str = "", capacity: int = 0,
                  tasks: tuple[str, ...] = (), pid: int = 0, shares_trainer_weights: bool = False) -> str:

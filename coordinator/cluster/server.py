@@ -36,7 +36,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         known = self._registry.heartbeat(request.member_id, request.num_inflight, request.weight_version)
-        return pb.HeartbeatResponse(known=known)
+        return pb.HeartbeatResponse(known=known, run_over=self._registry.run_over)
 
     async def Deregister(self, request: pb.DeregisterRequest, context) -> pb.DeregisterResponse:
         self._registry.deregister(request.member_id, draining=request.draining)

@@ -43,8 +43,8 @@ class DataConfig(Section):
     """Preference rows (dpo/rm): the dispreferred response."""
     task_key: str = "task"
     """Key of a row's task (the env.<task> whose reward service scores it)."""
-    default_task: str = "arithmetic"
-    """The task of rows that name none."""
+    default_task: str | None = None
+    """The task of rows that name none. Unset: the env's task when there is one; required with several."""
     num_train: int = Field(6000, gt=0)
     """Training problems of the embedded task."""
     num_val: int = Field(500, gt=0)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import warnings
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from coordinator.config.algorithms import GRPOConfig, LossConfig, SFTConfig
 from coordinator.config.data import DataConfig
+from coordinator.config.defaults import check_lengths, derived_defaults
 from coordinator.config.env import EnvConfig
 from coordinator.config.policy import PolicyConfig
 from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
@@ -35,6 +36,21 @@ class ExperimentConfig(Section):
     """Reward-model training on preference pairs; its presence makes the run RM."""
     algorithm: Algorithm | None = Field(None, exclude=True)
     """Resolved from the dpo / rm sections at load; not a key to set."""
+    _derived: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _model_defaults(self) -> ExperimentConfig:
+        """Fill the keys whose default depends on the model or on other keys (config/defaults.py)."""
+        replaced, self._derived = derived_defaults(self)
+        for name, section in replaced.items():
+            object.__setattr__(self, name, section)
+        check_lengths(self)
+        return self
+
+    @property
+    def derived(self) -> dict[str, str]:
+        """Dotted key -> why it has its value, for the keys filled in at load (config/defaults.py)."""
+        return dict(self._derived)
 
     @model_validator(mode="after")
     def _resolve_trainer_ranks(self) -> ExperimentConfig:
@@ -81,7 +97,6 @@ class ExperimentConfig(Section):
         if not self.policy.generation.backend.separate_services and self.cluster.num_generators != 1:
             warnings.warn("cluster.num_generators is ignored with policy.generation.backend=megatron: the trainer "
                           "is the one generator", stacklevel=2)
-        self._completion_fits()
         if self.data.default_task not in self.env:
             raise ValueError(f"data.default_task {self.data.default_task!r} has no env.{self.data.default_task} section")
         return self
@@ -130,16 +145,3 @@ class ExperimentConfig(Section):
                              f"exceed the completion budget ({budget}, grpo.reward_shaping.max_response_length or "
                              "policy.generation.max_new_tokens)")
         return self
-
-    def _completion_fits(self) -> None:
-        """A completion of max_new_tokens must leave room for a prompt in what the generators take."""
-        generation = self.policy.generation
-        if not self.algorithm.uses_rollouts:
-            return
-        limit, key = ((generation.vllm_cfg.max_model_len, "policy.generation.vllm_cfg.max_model_len")
-                      if generation.backend.separate_services
-                      else (self.policy.max_total_sequence_length, "policy.max_total_sequence_length"))
-        if generation.max_new_tokens >= limit:
-            raise ValueError(f"policy.generation.max_new_tokens ({generation.max_new_tokens}) leaves no room for a "
-                             f"prompt within {key} ({limit}), the longest prompt + completion the generators take: "
-                             f"lower max_new_tokens or raise {key}")

@@ -1,4 +1,5 @@
-"""`cluster.*`, `checkpointing.*`, `logger.*`: where the run's services run, and what it keeps."""
+"""`cluster.*`, `checkpointing.*`, `logger.*`: where the run's services run, and what it keeps
+(metrics to JSONL and TensorBoard, optionally Weights & Biases and MLflow; NeMo-RL's key names)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,39 @@ class CheckpointingConfig(Section):
     run ends with one in <run>/hf either way; `tandem export` makes one from any checkpoint."""
 
 
+class WandbConfig(Section):
+    """logger.wandb: the Weights & Biases run (wandb.init's arguments, as NeMo-RL passes them)."""
+
+    project: str = "tandem"
+    name: str | None = None
+    """Default: the run's name."""
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] | None = None
+    """offline: write the run under <run dir>/wandb, nothing sent (`wandb sync` uploads it later);
+    null: WANDB_MODE from the environment, else online."""
+
+
+class TensorboardConfig(Section):
+    """logger.tensorboard."""
+
+    log_dir: str | None = None
+    """Default: <run dir>/tensorboard."""
+
+
+class MLflowConfig(Section):
+    """logger.mlflow: the MLflow run."""
+
+    experiment_name: str = "tandem"
+    run_name: str | None = None
+    """Default: the run's name."""
+    run_id: str | None = None
+    """Continue this MLflow run instead of starting one."""
+    tracking_uri: str | None = None
+    """Default: MLFLOW_TRACKING_URI from the environment, else a local file store in <run dir>/mlruns."""
+    artifact_location: str | None = None
+    """Where a new experiment keeps its artifacts (default: the tracking store's choice)."""
+
+
 class LoggerConfig(Section):
     log_dir: str = "runs"
     """Each run writes into <log_dir>/<run name>/."""
@@ -66,6 +100,16 @@ class LoggerConfig(Section):
     """Default: the start time and a random suffix. A plain name: the run's directory is <log_dir>/<run_name>."""
     tensorboard_enabled: bool = True
     """Write the metrics for TensorBoard too."""
+    tensorboard: TensorboardConfig = TensorboardConfig()
+    wandb_enabled: bool = False
+    """Log the metrics, the config and sample generations to Weights & Biases (pip install wandb)."""
+    wandb: WandbConfig = WandbConfig()
+    mlflow_enabled: bool = False
+    """Log the metrics, the config and sample generations to MLflow (pip install mlflow-skinny)."""
+    mlflow: MLflowConfig = MLflowConfig()
+    num_val_samples_to_print: int = Field(8, ge=0)
+    """Generations kept from each validation (prompt, completion, answer, reward): <run dir>/samples.jsonl,
+    a TensorBoard text, a W&B table, an MLflow table."""
     plot_enabled: bool = True
     """Draw curves.png at the end of the run."""
 

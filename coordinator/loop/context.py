@@ -44,6 +44,8 @@ class LoopContext:
     _publishing: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "publish"), repr=False)
     _detached: list[Future] = field(default_factory=list, repr=False)
     _last_detached: int = 0
+    reward_seconds: float = 0.0
+    """Time spent in reward service calls so far (a step's reward time is the difference)."""
 
     @classmethod
     def connect(cls, cfg: ExperimentConfig, services: Services, tokens: Tokens, examples: list[Example], seed: int,
@@ -77,7 +79,10 @@ class LoopContext:
         """Routes by task to the live reward services, looked up again before every call (so a
         swapped service takes over at once), retrying a dead one's calls (loop/scoring.py)."""
         return RewardRouter(self.services.reward_clients(), refresh=self.services.reward_clients,
-                            on_failure=self.services.reward_failed, log=self.log)
+                            on_failure=self.services.reward_failed, log=self.log, on_time=self._add_reward_time)
+
+    def _add_reward_time(self, seconds: float) -> None:
+        self.reward_seconds += seconds
 
     def release_generators(self) -> None:
         """The rollouts are done and the trainer's work begins: colocated GPU generators sleep."""

@@ -80,17 +80,17 @@ class Run(RunBase):
         resumed = self._resume(ctx) if self.resume_from is not None else None
 
         summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
-        clock = time.perf_counter()
+        clock = self._clock()
         accuracy_start = self._warm_start(ctx, val, check_alive) if cfg.sft.max_num_steps and not resumed else None
-        self.timings["sft_s"] = time.perf_counter() - clock
-        clock = time.perf_counter()
+        self._stop_clock("sft_s", clock)
+        clock = self._clock()
         if resumed is not None:
             accuracy_start = resumed.accuracy_before
         elif accuracy_start is None and val:
             ctx.publish()
             accuracy_start = self._validate(ctx, val, step=0)
         elif accuracy_start is not None:
-            self.metrics.log("val", 0, {"accuracy": accuracy_start})  # GRPO's starting point, for the plot
+            self.metrics.log("val", 0, dict(self.last_validation))  # GRPO's starting point: the last SFT check
         summary["accuracy_before"] = self.accuracy_before = accuracy_start
         ctx.cursor = PromptCursor(train, cfg.grpo.seed)
         if resumed is not None:
@@ -98,14 +98,14 @@ class Run(RunBase):
         if cfg.grpo.max_num_steps:
             self._grpo(ctx, train, val, cluster, first_step=resumed.step + 1 if resumed else 1)
         accuracy_end = self._validate(ctx, val, step=cfg.grpo.max_num_steps) if val else None
-        self.timings["grpo_s"] = time.perf_counter() - clock
+        self._stop_clock("grpo_s", clock)
         summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
                        samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
                        weight_version=ctx.publisher.version)
         exported = export_hf(ctx.services.trainer, self.run_dir / "hf", self.log)  # the trained model, for anyone
         summary.update(hf=str(exported.path), hf_export_s=exported.seconds)
         if cfg.logger.plot_enabled:
-            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png"))
+            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png", self.run_dir.name))
         return summary
 
     def _grpo(self, ctx: LoopContext, train, val, cluster: LocalCluster, first_step: int) -> None:
@@ -115,7 +115,9 @@ class Run(RunBase):
         cfg, rollouts = self.cfg, grpo_pipeline(ctx)
 
         def step_fn(step: int) -> dict:
+            rewarding = ctx.reward_seconds  # async: reward calls of the batches rolled out meanwhile count too
             metrics = grpo_step(ctx, step, rollouts)
+            metrics["time_reward_s"] = ctx.reward_seconds - rewarding
             if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
                 ctx.wait_published()  # async: validate the step's own weights
                 metrics["val_accuracy"] = self._validate(ctx, val, step)
@@ -178,7 +180,7 @@ class Run(RunBase):
             done += size
             ctx.publish()
             if val:
-                accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=0, phase="sft_val")
+                accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=done, phase="sft_val")
             metrics["sft_steps"] = float(done)
             metrics["weight_version"] = float(ctx.publisher.version)
             return metrics
@@ -186,16 +188,17 @@ class Run(RunBase):
         def finished(metrics: dict) -> bool:
             return cfg.stop_at_accuracy is not None and metrics.get("val_accuracy", 0.0) >= cfg.stop_at_accuracy
 
-        self._loop("sft", chunks, chunk, check_alive, stop=finished)
+        self._loop("sft", chunks, chunk, check_alive, stop=finished, counted=lambda _, m: int(m["sft_steps"]),
+                   total=cfg.max_num_steps)
         self.sft_steps = done
         self.log.info("warm_start_done", sft_steps=done, accuracy=accuracy)
         return accuracy
 
     def _validate(self, ctx: LoopContext, val, step: int, phase: str = "val") -> float:
         self.status.update(phase="validate")
-        result = validate(ctx, val, self.cfg.policy.generation.max_new_tokens)
-        self.metrics.log(phase, step, result)
-        self.log.info("validation", step=step, **result)
+        started, samples = time.perf_counter(), []
+        result = validate(ctx, val, self.cfg.policy.generation.max_new_tokens, samples=samples)
+        self._record_validation(phase, step, result, time.perf_counter() - started, samples)
         return result["accuracy"]
 
     def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
@@ -210,6 +213,7 @@ class Run(RunBase):
         checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log,
                         save_hf=self.cfg.checkpointing.save_hf)
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + time.perf_counter() - started
+        self.progress.note(f"checkpoint at GRPO step {step} ({time.perf_counter() - started:.1f}s)")
 
     def _resume(self, ctx: LoopContext) -> resuming.LoopState:
         """Continue from the checkpoint found at start (see _restore)."""

@@ -25,6 +25,7 @@ from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
 from coordinator.run.base import RunBase
 from coordinator.run.export import export_hf
+from coordinator.run.metrics import plot_curves
 from coordinator.run.paths import prepare_inputs
 from trainer_svc.client import TrainerClient
 
@@ -64,7 +65,7 @@ class PreferenceRun(RunBase):
             if cfg.dpo.val_at_start:
                 summary["val_accuracy_before"] = self._validate_pairs(validator, 0)
         step_fn = dpo_step if cfg.algorithm is Algorithm.DPO else rm_step
-        clock = time.perf_counter()
+        clock = self._clock()
 
         def run_step(step: int) -> dict:
             metrics = step_fn(ctx)
@@ -74,7 +75,7 @@ class PreferenceRun(RunBase):
             return metrics
 
         self._loop(phase, num_steps, run_step, check_alive)
-        self.timings[f"{phase}_s"] = time.perf_counter() - clock
+        self._stop_clock(f"{phase}_s", clock)
         if validator is not None:
             summary["val_accuracy_after"] = self._validate_pairs(validator, num_steps)
         rows = [row for row in self.metrics.history if row.get("phase") == phase]
@@ -83,6 +84,8 @@ class PreferenceRun(RunBase):
         exported = export_hf(trainer, self.run_dir / "hf", self.log)
         export = exported.path
         summary.update(hf=str(export), hf_export_s=exported.seconds)
+        if cfg.logger.plot_enabled:
+            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png", self.run_dir.name))
         self.console.print(f"exported the trained {'reward model' if phase == 'rm' else 'policy'} to {export}")
         if "val_accuracy_before" in summary:
             self.console.print(f"[bold]held-out reward accuracy: {summary['val_accuracy_before']:.1%} -> "
@@ -94,7 +97,7 @@ class PreferenceRun(RunBase):
 
     def _validate_pairs(self, validator: DpoValidator, step: int) -> float:
         self.status.update(phase="validate")
+        started = time.perf_counter()
         result = validator()
-        self.metrics.log("val", step, result)
-        self.log.info("validation", step=step, **result)
+        self._record_validation("val", step, result, time.perf_counter() - started)
         return result["accuracy"]

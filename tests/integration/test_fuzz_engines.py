@@ -27,6 +27,7 @@ from protos.tandem.trainer.v1 import trainer_pb2 as tpb
 from tandem.convert import to_pb
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import check_health
+from tandem.torchrun import torchrun_head
 from tests import procs
 from tests.integration.fuzzing import Fuzzer, floats, integers, messages, mutated, texts
 from trainer_svc.client import TrainerClient
@@ -108,8 +109,7 @@ def trainer(model, tmp_path_factory):
     settings = workdir / "trainer.json"
     settings.write_text(trainer_settings(load_config(overrides=["cluster.trainer_ranks=1"]), str(model[0]))
                         .model_dump_json())
-    service = procs.start([sys.executable, "-m", "trainer_svc.torchrun", "--standalone", "--nproc-per-node=1",
-                           "-m", "trainer_svc", "--settings", str(settings)], workdir, "trainer")
+    service = procs.start([*torchrun_head(1), "-m", "trainer_svc", "--settings", str(settings)], workdir, "trainer")
     yield service, workdir
     assert service.stop(timeout_s=60) == 0, service.log()[-3000:]
 

@@ -47,6 +47,7 @@ def loop(tmp_path_factory):
     cfg = load_config(raw={"env": {"arithmetic": {"scorer": "exact"}, "calc": {"scorer": "calculator", "max_turns": 3}}},
                       overrides=["cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
                                  "logger.tensorboard_enabled=false", "data.dataset_name=jsonl",
+                                 "data.default_task=arithmetic",
                                  f"data.train_path={train_path}", "grpo.num_prompts_per_step=8",
                                  "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=32",
                                  "policy.train_micro_batch_size=32"])

@@ -130,10 +130,12 @@ def test_prompt_lengths_against_what_generators_and_the_trainer_take():
     cfg = load_config(overrides=["policy.generation.max_new_tokens=30"])
     with pytest.raises(ConfigError, match=r"1 of 4 prompts are too long for the generators.*at least 71"):
         check_lengths(cfg, measure_prompts(cfg, examples, "train"))
-    cfg = load_config(overrides=["policy.max_total_sequence_length=20"])
+    cfg = load_config(overrides=["policy.max_total_sequence_length=20",
+                                 "policy.generation.vllm_cfg.max_model_len=64"])
     warning = check_lengths(cfg, measure_prompts(cfg, examples, "train"))
     assert warning and "1 of 4 prompts (25%)" in warning and "at least 45" in warning
-    cfg = load_config(overrides=["policy.max_total_sequence_length=4"])
+    cfg = load_config(overrides=["policy.max_total_sequence_length=4", "policy.generation.max_new_tokens=2",
+                                 "policy.generation.vllm_cfg.max_model_len=64"])
     with pytest.raises(ConfigError, match=r"4 of 4 prompts \(100%\).*data\.max_truncated_fraction"):
         check_lengths(cfg, measure_prompts(cfg, examples, "train"))
 
@@ -173,7 +175,7 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
 """
 VLLM_TAIL = """(EngineCore pid=63) ERROR [core.py:1] EngineCore failed to start.
-(EngineCore pid=63) RuntimeError: Worker failed with error 'Available memory (16.7 GiB) is less than requested (512 GiB)'
+(EngineCore pid=63) RuntimeError: Worker failed: 'Available memory (16.7 GiB) is less than requested (512 GiB)'
 Traceback (most recent call last):
 RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
   warnings.warn('resource_tracker: There appear to be 1 leaked shared_memory objects')
@@ -181,8 +183,9 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 
 
 def test_the_cause_line_of_a_dead_service_skips_wrappers_and_prefixes():
-    assert cause_line(TORCHRUN_TAIL) == "OSError: It looks like the config file at '/m/config.json' is not a valid JSON file."
-    assert cause_line(VLLM_TAIL).startswith("RuntimeError: Worker failed with error 'Available memory")
+    assert cause_line(TORCHRUN_TAIL) == ("OSError: It looks like the config file at '/m/config.json' is not a valid "
+                                         "JSON file.")
+    assert cause_line(VLLM_TAIL).startswith("RuntimeError: Worker failed: 'Available memory")
     assert cause_line("loading\n/settings.json: max_model_len: Input should be >= 8\n") == \
         "/settings.json: max_model_len: Input should be >= 8"
     structured = json.dumps({"event": "engine_failed", "level": "error", "exception": "Traceback\nValueError: bad"})

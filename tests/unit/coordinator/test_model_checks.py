@@ -104,9 +104,12 @@ def test_dtype_and_quantization(tiny, tmp_path):
 
 
 def test_max_model_len_beyond_the_positions_is_refused(tiny):
-    with pytest.raises(ConfigError, match=r"max_model_len \(128\) exceeds the model's max_position_embeddings "
-                                          r"\(64\).*<= 64"):
+    # refused when the config loads (coordinator/config/defaults.py reads the model's context length)
+    with pytest.raises(ConfigError, match=r"max_model_len \(128\) exceeds the model's context length \(64"):
         load(tiny, "policy.generation.vllm_cfg.max_model_len=128")
+    with pytest.raises(mc.ModelCheckError, match=r"max_model_len \(128\) exceeds the model's "
+                                                 r"max_position_embeddings \(64\).*<= 64"):
+        mc.check_max_length({"max_position_embeddings": 64}, 128)
 
 
 def test_prompt_plus_new_tokens_must_fit_max_model_len(tiny, tmp_path):

@@ -68,10 +68,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., num_inflight: _Optional[int] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known",)
+    __slots__ = ("known", "run_over")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    RUN_OVER_FIELD_NUMBER: _ClassVar[int]
     known: bool
-    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+    run_over: bool
+    def __init__(self, known: _Optional[bool] = ..., run_over: _Optional[bool] = ...) -> None: ...
 
 class DeregisterRequest(_message.Message):
     __slots__ = ("member_id", "draining")
