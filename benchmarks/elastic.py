@@ -92,7 +92,8 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tandem-elastic-"))
     cfg = load_config(overrides=["cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
-                                 "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=24"])
+                                 "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=24",
+                                 "cluster.max_service_restarts=0"])  # it kills and spawns generators itself
     model_dir = str(ensure_tiny_model(cache_root()))
     train_path, _ = ensure_arithmetic_dataset(cache_root(), 0, 500, 16)
     run_dir = root / "run"

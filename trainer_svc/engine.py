@@ -12,6 +12,7 @@ samples only from published weights, labelled with their version.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -200,22 +201,22 @@ class TrainerEngine:
 
     def save_checkpoint(self, path: str) -> int:
         """Returns the wall time in milliseconds."""
-        if not path:
-            raise ValueError("checkpoint path is empty")
+        target = writable_dir(path, "checkpoint")
         start = time.perf_counter()
-        self._run(_SaveCheckpoint(Path(path).expanduser().absolute()))
+        self._run(_SaveCheckpoint(target))
         return int((time.perf_counter() - start) * 1000)
 
     def load_checkpoint(self, path: str) -> int:
         if not path:
             raise ValueError("checkpoint path is empty")
+        target = Path(path).expanduser().absolute()
+        if not target.is_dir():
+            raise ValueError(f"no checkpoint at {target}: not a directory")
         self._weights_moved = True
-        return self._run(_LoadCheckpoint(Path(path).expanduser().absolute()))
+        return self._run(_LoadCheckpoint(target))
 
     def export_hf(self, path: str) -> int:
-        if not path:
-            raise ValueError("export path is empty")
-        return self._run(_ExportHf(Path(path).expanduser().absolute()))
+        return self._run(_ExportHf(writable_dir(path, "export")))
 
     @property
     def serves_generation(self) -> bool:
@@ -318,3 +319,18 @@ def build_engine(settings: TrainerSettings, log: Any, token: str) -> TrainerEngi
     return TrainerEngine(backend, Lockstep(env.cpu_group, env.rank, env.world_size), model_name=settings.model_name,
                          plan=plan, sender=sender, fingerprint=fingerprint, log=log,
                          reward_model=settings.reward_model_cfg.enabled, decoder=decoder)
+
+
+def writable_dir(path: str, what: str) -> Path:
+    """The directory `path` names, made if missing; ValueError (the caller's mistake, not the
+    trainer's) when it cannot be made or written."""
+    if not path:
+        raise ValueError(f"{what} path is empty")
+    target = Path(path).expanduser().absolute()
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".tandem-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot write the {what} to {target}: {exc.strerror or exc}") from None
+    return target

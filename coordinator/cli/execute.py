@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 
 from rich.console import Console
+from rich.markup import escape
 
 
 def execute(run, console: Console) -> tuple[int, dict | None]:
@@ -20,5 +21,5 @@ def execute(run, console: Console) -> tuple[int, dict | None]:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130, None
     except (ServiceDied, TimeoutError, DriftError) as exc:
-        console.print(f"[red]error:[/] {exc}\n(every service this run started was stopped)")
+        console.print(f"[red]error:[/] {escape(str(exc))}\n(every service this run started was stopped)")
         return 1, None

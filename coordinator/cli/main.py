@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 
 def _console(stderr: bool = True) -> Console:
@@ -39,7 +40,7 @@ def _load(args: argparse.Namespace, console: Console):
     try:
         return load_config(args.config, args.overrides)
     except ConfigError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return None
 
 
@@ -54,12 +55,15 @@ def _run(args: argparse.Namespace) -> int:
         return dry_run(cfg, console)
     from coordinator.run.create import create_run
     from coordinator.run.loggers import SinkError
-    from coordinator.run.resume import NothingToResume
+    from coordinator.run.resume import NothingToResume, RunFinished
 
     try:
         run = create_run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
+    except RunFinished as exc:
+        console.print(escape(str(exc)))
+        return 0
     except (NothingToResume, ValueError, SinkError, PermissionError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return 2
     from coordinator.cli.execute import execute
 

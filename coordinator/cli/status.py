@@ -90,6 +90,7 @@ def print_status(s: RunStatusView, console: Console) -> None:
             console.print(f"[bold]{row[0]}[/]", highlight=False)
             for name, value in zip(headers[1:], row[1:]):
                 console.print(f"  {name:<9} {value}", highlight=False, overflow="fold")
+        _print_relaunches(s, console)
         return
     table = Table(*headers)
     for column in table.columns:
@@ -97,3 +98,11 @@ def print_status(s: RunStatusView, console: Console) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    _print_relaunches(s, console)
+
+
+def _print_relaunches(s: RunStatusView, console: Console) -> None:
+    """The services the run relaunched after they died, and how often."""
+    if s.service_restarts:
+        relaunched = ", ".join(f"{name} x{count}" for name, count in sorted(s.service_restarts.items()))
+        console.print(f"relaunched: {relaunched}", highlight=False)

@@ -11,6 +11,10 @@ the previous one wrote to <run>/coordinator.addr, so the services that outlived 
 run in their own sessions) re-register by themselves; it adopts those it finds alive in
 <run>/services.json and launches only what is missing. A fresh start stops any such
 leftovers instead.
+
+Once every service has registered, a supervisor (coordinator/cluster/supervisor.py) relaunches
+the generators and reward services that die (local mode) and tells `notify` (the run's
+console) what the run is waiting for while a service it needs is missing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from coordinator.cluster.server import CoordinatorServer
 from coordinator.cluster.services import Services
 from coordinator.cluster.specs import all_registered, launch_all, scratch_root
 from coordinator.cluster.status import RunStatus
+from coordinator.cluster.supervisor import Supervisor
 from coordinator.config import ExperimentConfig
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
@@ -52,9 +57,11 @@ class HostedService(Protocol):
 class LocalCluster:
     def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
                  status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False,
-                 trainer_only: bool = False, meanwhile: Callable[[], object] | None = None):
+                 trainer_only: bool = False, meanwhile: Callable[[], object] | None = None,
+                 notify: Callable[[str], None] | None = None):
         """trainer_only: launch and wait for the trainer alone (e.g. to export a checkpoint).
-        meanwhile: work to do while the services boot (after they are launched, before waiting)."""
+        meanwhile: work to do while the services boot (after they are launched, before waiting).
+        notify: where the supervisor says what the run waits for (the run's console)."""
         self.cfg = cfg
         self.meanwhile = meanwhile
         self.trainer_only = trainer_only
@@ -74,6 +81,9 @@ class LocalCluster:
         self.hosted = list(hosted)
         self.address = ""
         self.startup_s = 0.0
+        self.supervisor = Supervisor(self.launcher, self.registry, self.status, log, needs=self._needs, notify=notify,
+                                     max_restarts=cfg.cluster.max_service_restarts,
+                                     backoff_s=cfg.cluster.restart_backoff_s, relaunch=cfg.cluster.launch == "local")
 
     def __enter__(self) -> Services:
         started = time.perf_counter()
@@ -95,6 +105,7 @@ class LocalCluster:
                 self.meanwhile()
             self.registry.wait_for(self._ready(), self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
             self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
+            self.supervisor.start()
         except BaseException:
             self.close()
             raise
@@ -133,7 +144,18 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _needs(self) -> dict[str, str]:
+        """What the run cannot go on without, for the supervisor's notices."""
+        launched = self.launcher.pids()
+        needs = {"the trainer": "trainer"} if "trainer" in launched or self.cfg.cluster.launch == "external" else {}
+        if self.cfg.algorithm.uses_rollouts and not self.trainer_only:
+            if self.cfg.policy.generation.backend.separate_services:
+                needs["a generator"] = "generator"
+            needs.update({f"the reward service of task {task!r}": f"reward:{task}" for task in self.cfg.env})
+        return needs
+
     def close(self) -> None:
+        self.supervisor.stop()  # before the services stop: nothing is relaunched from here on
         self.services.close()
         self.launcher.stop_all()
         for service in self.hosted:

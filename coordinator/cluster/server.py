@@ -54,7 +54,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
                    for m in self._registry.members()]
         return pb.GetRunStatusResponse(run_id=s["run_id"], phase=s["phase"], step=s["step"],
                                        total_steps=s["total_steps"], weight_version=s["weight_version"],
-                                       members=members, last_metrics=s["last_metrics"])
+                                       members=members, last_metrics=s["last_metrics"],
+                                       service_restarts=s["service_restarts"])
 
 
 class CoordinatorServer:

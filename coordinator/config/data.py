@@ -51,6 +51,9 @@ class DataConfig(Section):
     """Held-out problems of the embedded task (the rest of the 8,100 sums are for training)."""
     seed: int = 0
     """Seed of the embedded task's split."""
+    max_truncated_fraction: float = Field(0.5, ge=0, le=1)
+    """Largest fraction of the prompts whose prompt + max_new_tokens may exceed
+    policy.max_total_sequence_length; past it the run refuses to start (below it: a warning)."""
 
     @model_validator(mode="after")
     def _paths_for_jsonl(self) -> DataConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from coordinator.config.section import Section
 
@@ -37,8 +37,13 @@ class ClusterConfig(Section):
     startup_timeout_s: float = Field(300, gt=0)
     """How long the run waits for its services to register."""
     max_trainer_restarts: int = Field(2, ge=0)
-    """Times a trainer that dies during GRPO is relaunched (local mode), the run resuming from its
-    last checkpoint; one more death stops the run."""
+    """Times a trainer that dies during GRPO (any of its ranks) is relaunched (local mode), the run
+    resuming from its last checkpoint; one more death stops the run."""
+    max_service_restarts: int = Field(3, ge=0)
+    """Times each generator or reward service the run launched is relaunched after it dies (local
+    mode), the first after restart_backoff_s, each later one after twice the wait before."""
+    restart_backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first relaunch of a dead generator or reward service."""
 
 
 class CheckpointingConfig(Section):
@@ -92,7 +97,7 @@ class LoggerConfig(Section):
     log_dir: str = "runs"
     """Each run writes into <log_dir>/<run name>/."""
     run_name: str | None = None
-    """Default: the start time and a random suffix."""
+    """Default: the start time and a random suffix. A plain name: the run's directory is <log_dir>/<run_name>."""
     tensorboard_enabled: bool = True
     """Write the metrics for TensorBoard too."""
     tensorboard: TensorboardConfig = TensorboardConfig()
@@ -107,3 +112,13 @@ class LoggerConfig(Section):
     a TensorBoard text, a W&B table, an MLflow table."""
     plot_enabled: bool = True
     """Draw curves.png at the end of the run."""
+
+    @field_validator("run_name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        """A run's files stay inside log_dir: the name is one path component."""
+        if value is not None and (not value.strip() or value in (".", "..") or any(c in value for c in "/\\\0")):
+            raise ValueError(f"{value!r} is not a plain name (it must not be empty, '.', '..' or hold '/', '\\' "
+                             "or NUL): the run's directory is <logger.log_dir>/<run_name>; set logger.log_dir to "
+                             "choose where runs go")
+        return value

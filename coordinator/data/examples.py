@@ -28,22 +28,36 @@ class Example:
 
 
 def jsonl_rows(path: Path, keys: Sequence[str], hint: str) -> Iterator[dict]:
-    """The JSON objects of a JSONL file (blank lines skipped); ValueError naming the file and
-    line for a line that is not JSON or lacks one of `keys` (`hint` says which settings name them)."""
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: not a JSON object ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_no}: not a JSON object")
-            missing = [k for k in keys if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{line_no}: missing keys {missing} ({hint})")
-            yield row
+    """The JSON objects of a JSONL file (blank lines skipped); ValueError naming the file (and
+    line) for a path that is not a readable UTF-8 file, a line that is not a JSON object, or a row
+    that lacks one of `keys` (`hint` says which settings name them)."""
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a JSONL file")
+    try:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not part of row 1
+            yield from _rows(path, f, keys, hint)
+    except FileNotFoundError:
+        raise ValueError(f"{path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason}, byte {exc.object[exc.start:exc.start + 1]!r}): "
+                         "give a JSONL file, one JSON object a line") from None
+
+
+def _rows(path: Path, lines, keys: Sequence[str], hint: str) -> Iterator[dict]:
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{line_no}: not a JSON object ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{line_no}: a row must be a JSON object ({{...}}), not {type(row).__name__} "
+                             f"{line.strip()[:40]!r}")
+        missing = [k for k in keys if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{line_no}: missing keys {missing} ({hint})")
+        yield row
 
 
 def read_examples(path: Path, data: DataConfig, tokens: Tokens, *, split: str | None = None) -> list[Example]:
@@ -62,6 +76,13 @@ def read_examples(path: Path, data: DataConfig, tokens: Tokens, *, split: str | 
             raise ValueError(f"{path}: row {index} has no {data.prompt_key!r} (or {data.messages_key!r}) and "
                              f"{data.answer_key!r}; its keys: {sorted(row)} (see data.prompt_key / data.messages_key "
                              "/ data.answer_key)")
+        for key in (data.answer_key, data.task_key):
+            if key in row and not _scalar(row[key]):
+                raise ValueError(f"{path}: row {index}: {key} must be a string, not {json.dumps(row[key])[:40]} "
+                                 f"(see data.{'answer' if key == data.answer_key else 'task'}_key)")
+        if not isinstance(prompt, list) and not _scalar(prompt):
+            raise ValueError(f"{path}: row {index}: {data.prompt_key} must be a string or a list of chat messages, "
+                             f"not {json.dumps(prompt)[:40]}")
         try:
             text, ids = fmt.render(prompt if isinstance(prompt, list) else str(prompt))
         except ValueError as exc:
@@ -69,8 +90,14 @@ def read_examples(path: Path, data: DataConfig, tokens: Tokens, *, split: str | 
         examples.append(Example(text, str(row[data.answer_key]), str(row.get(data.task_key) or data.default_task),
                                 tuple(ids)))
     if not examples:
-        raise ValueError(f"{path} holds no examples")
+        raise ValueError(f"{path} holds no examples (it is empty or holds only blank lines)")
     return examples
+
+
+def _scalar(value: object) -> bool:
+    """A value a row may hold as its answer or task: a string or a number (not true/false, null,
+    a list or an object)."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def dataset_tasks(path: Path, data: DataConfig, split: str) -> set[str]:

@@ -10,6 +10,7 @@ generators serving the published version; dead generators are dropped from membe
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ class LoopContext:
     phases: GeneratorPhases
     drift: DriftGuard = field(default_factory=DriftGuard)
     """Consecutive GRPO steps whose token_mult_prob_error is over the bound (loop/drift.py)."""
+    generator_wait_s: float = 0.0
+    """How long `generators()` waits for one while none is live (one being relaunched, or yet to join)."""
     _publishing: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "publish"), repr=False)
     _detached: list[Future] = field(default_factory=list, repr=False)
     _last_detached: int = 0
@@ -58,12 +61,19 @@ class LoopContext:
         publisher = WeightPublisher(services.trainer, transport, log, versions=versions,
                                     on_dead=services.generator_failed)
         phases = GeneratorPhases(colocation, log, on_dead=services.generator_failed)
-        return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log, phases)
+        return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log, phases,
+                   generator_wait_s=cfg.cluster.startup_timeout_s)
 
     def generators(self) -> list[GeneratorHandle]:
         """The live generators that may get work: those serving the published version (stale ones
-        are brought up to date first where possible)."""
-        return self.publisher.admit(self.services.all_generators())
+        are brought up to date first where possible). With none, waits up to generator_wait_s
+        for one (the local launcher relaunches a dead generator; others may join)."""
+        live = self.publisher.admit(self.services.all_generators())
+        deadline = time.monotonic() + self.generator_wait_s
+        while not live and time.monotonic() < deadline:
+            time.sleep(0.5)
+            live = self.publisher.admit(self.services.all_generators())
+        return live
 
     def rewards(self) -> RewardRouter:
         """Routes by task to the live reward services, looked up again before every call (so a

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from coordinator.cluster.dismiss import dismiss_services
 from coordinator.cluster.local import HostedService, LocalCluster
@@ -65,7 +66,8 @@ class RunBase:
         """Start (or adopt) the run's services, doing `meanwhile` while they boot; every one is
         stopped when the block ends."""
         cluster = cluster_type(self.cfg, model_dir, self.run_dir, run_token(self.run_dir), self.log, self.status,
-                               self.hosted, adopt=adopt, meanwhile=meanwhile)
+                               self.hosted, adopt=adopt, meanwhile=meanwhile,
+                               notify=lambda text: self.progress.note(f"[yellow]{escape(text)}[/]"))
         verb = "waiting for" if self.cfg.cluster.launch == "external" else "starting"
         trainer = cluster_type is LocalCluster
 

@@ -121,6 +121,7 @@ class Run(RunBase):
             if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
                 ctx.wait_published()  # async: validate the step's own weights
                 metrics["val_accuracy"] = self._validate(ctx, val, step)
+            metrics["service_restarts"] = float(sum(cluster.launcher.restarts.values()))
             if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
                 ctx.wait_published()  # the checkpoint records the version the generators serve
                 self._checkpoint(ctx, step, metrics, rollouts.cursor_after(step))
@@ -134,7 +135,8 @@ class Run(RunBase):
                 ctx.wait_published()
                 return
             except Exception as exc:
-                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher):
+                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher,
+                                                                                      exc):
                     raise
                 restarts += 1
                 rollouts.stop()

@@ -52,6 +52,8 @@ from tandem.rpc import FailedPrecondition
 from tandem.weight_source import CollectiveSource, WeightSource, source_to_json
 
 WORKER_EXTENSION = "generator_svc.worker_extension.TandemWeightExtension"
+MAX_SAMPLES_PER_REQUEST = 1 << 16
+"""prompts x n of one Generate call: a larger request is refused, not queued for hours."""
 _RPC_MARGIN_S = 30.0  # on top of the collective's own per-operation timeouts
 
 
@@ -72,6 +74,9 @@ class VllmEngine:
         self._draining = False
         self._sleep = SleepState(sleep_mode)
         self._apply_swap = self._apply_in_flight if settings.in_flight_weight_updates else self._apply_drained
+        self.vocab_size: int | None = None
+        """Token ids a prompt may hold are below this (None: not checked); an id outside the
+        vocabulary would crash vLLM's engine process, not just the request."""
 
     @classmethod
     async def start(cls, settings: GeneratorSettings, log: Any) -> VllmEngine:
@@ -83,6 +88,7 @@ class VllmEngine:
         built = time.monotonic()
         await llm.engine_core.set_weight_version_async("0")
         engine = cls(llm, settings, engine_name, log, sleep_mode=sleep_mode)
+        engine.vocab_size = llm.model_config.get_vocab_size()
         await engine._warm_up()
         log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1))
         return engine
@@ -135,9 +141,15 @@ class VllmEngine:
 
     def _check_lengths(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> None:
         limit = self._settings.max_model_len
+        if len(prompts) * sampling.n > MAX_SAMPLES_PER_REQUEST:
+            raise ValueError(f"{len(prompts)} prompts x n={sampling.n} is more than {MAX_SAMPLES_PER_REQUEST} samples "
+                             "in one request; split it")
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompt {i} is empty (prompts are token ids with BOS)")
+            if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt):
+                bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
+                raise ValueError(f"prompt {i} holds token id {bad}, outside the vocabulary (0..{self.vocab_size - 1})")
             if len(prompt) + sampling.max_tokens > limit:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; with max_tokens={sampling.max_tokens} "
                                  f"it exceeds max_model_len={limit}")
@@ -148,10 +160,13 @@ class VllmEngine:
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(
-            n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
-            max_tokens=sampling.max_tokens, seed=sampling.sample_seed(prompt_index, sample_index),
-            logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        try:  # vLLM's own checks of the request (e.g. temperature in [0, 2]) are the caller's mistakes
+            params = SamplingParams(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
+                max_tokens=sampling.max_tokens, seed=sampling.sample_seed(prompt_index, sample_index),
+                logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        except VLLMClientError as exc:
+            raise ValueError(f"prompt {prompt_index}: {exc}") from exc
         self._num_running += 1
         final = None
         try:

@@ -105,6 +105,7 @@ def flow(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
     cfg = load_config(overrides=[
         "cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
+        "cluster.max_service_restarts=0",  # the test replaces the generators it kills itself
         "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=24"])  # a kill lands mid-rollout
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)

@@ -39,7 +39,7 @@ def loop(tmp_path_factory):
     root = tmp_path_factory.mktemp("failover")
     cfg = load_config(overrides=[
         "cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
-        "logger.tensorboard_enabled=false",
+        "logger.tensorboard_enabled=false", "cluster.max_service_restarts=0",  # the survivors take the work
         "policy.generation.max_new_tokens=24"])  # long enough that a kill lands mid-rollout
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)

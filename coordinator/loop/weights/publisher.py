@@ -7,7 +7,9 @@ during the broadcast: the trainer notices through gloo's per-operation timeout o
 connection) is retried, with the receivers that still answer, after the transport is reset
 (a new weight-sync epoch); the dead are reported through `on_dead` (the registry drops them).
 At most `max_attempts` attempts, then `PublishError` naming each attempt's failure. A refusal
-of the request itself (RpcFailure.status.rejects_request) is raised at once.
+of the request itself (RpcFailure.status.rejects_request) is raised at once. With no live
+generator left (the only one died and is being relaunched), the publish records the version
+without sending it: the next generator to come is brought up to it by `admit`.
 
 Admission. Generators swap atomically (generator_svc), so none serves a half-received
 version; but one that missed a version (it joined late, or a publish to it failed) serves
@@ -106,9 +108,9 @@ class WeightPublisher:
         errors: list[str] = []
         live = self._healthy(generators)
         for attempt in range(1, self._max_attempts + 1):
-            if not live:
-                raise PublishError(f"no live generator to publish version {version} to"
-                                   + (f"; earlier attempts: {'; '.join(errors)}" if errors else ""))
+            if not live:  # nobody to send to: the version stands, and `admit` catches up whoever comes next
+                self._log.warning("published_to_nobody", version=version, earlier_attempts=errors)
+                return PublishReport(version, self.transport.epoch, 0, 0, 0.0, attempt), set()
             started = time.perf_counter()
             try:
                 report = self.transport.send(live, version, trainer_done)

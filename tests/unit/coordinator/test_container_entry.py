@@ -93,10 +93,12 @@ def test_probe_follows_readiness_of_a_real_server():
         log=structlog.get_logger()), loop).result(30)
     address = f"127.0.0.1:{running.port}"
     try:
-        assert probe.main([address]) == 0  # liveness
-        assert probe.main([address, "generator"]) == 1  # not ready yet
+        assert probe.main([address]) == 1  # the whole server ("") is not ready while its engine loads
+        assert probe.main([address, "generator"]) == 1  # nor is its service
         asyncio.run_coroutine_threadsafe(running.mark_ready(), loop).result(30)
-        assert probe.main([address, "generator"]) == 0
+        assert probe.main([address, "generator"]) == 0 and probe.main([address]) == 0
+        asyncio.run_coroutine_threadsafe(running.mark_not_serving(), loop).result(30)  # e.g. draining
+        assert probe.main([address]) == 1
     finally:
         asyncio.run_coroutine_threadsafe(running.stop(0), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
