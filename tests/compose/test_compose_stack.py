@@ -119,7 +119,9 @@ def _run_the_readme_flow(env: dict, port: int, timings: dict) -> dict:
     _wait_for_line(env, r"services up in", timeout_s=1500)
     timings["up_to_services_s"] = time.perf_counter() - clock
     status = _host_status(port)
-    _wait_for_line(env, r"sft step 20/40", timeout_s=600)  # mid-run: SFT has 20 steps to go, then GRPO
+    # the swap right after start-up: SFT's held-out checks and all of GRPO still need rewards, so
+    # the run must take up the new service to finish (swapped later, a quiet machine had finished
+    # the run before the new container registered)
     first_reward = _states(env)
     clock = time.perf_counter()
     swap = _sh("docker", "compose", "up", "-d", "--no-deps", "--force-recreate", "reward", env=env, timeout=300)
