@@ -4,7 +4,8 @@ every rank, runs one job and writes rank 0's results as JSON.
     torchrun --nproc-per-node N -m tests.megatron.worker SETTINGS_JSON JOB OUT_JSON
 Jobs: logits (Megatron logits vs the HF model's on a fixed batch), step (GRPO train steps on
 a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the checkpoint's),
-publish (streamed weight sync to a receiver process vs the HF export, peak bytes held).
+publish (streamed weight sync to a receiver process vs the HF export, peak bytes held),
+moe (logits, export, steps, a load-balancing-only step and the moved tensors in one launch).
 """
 
 from __future__ import annotations
@@ -97,6 +98,26 @@ def job_bench(backend, num_steps: int) -> dict:
         times.append(time.perf_counter() - start)
     return {"step_s": sorted(times[1:])[len(times[1:]) // 2], "conversion": getattr(backend, "conversion", None),
             "conversion_s": getattr(backend, "conversion_s", None)}
+
+
+def job_moe(backend, model_dir: str) -> dict:
+    """One launch for the MoE checks, in order: logits vs HF, the export vs the checkpoint, two
+    GRPO steps, a step whose only gradient is the routers' load-balancing loss (zero advantages,
+    no KL: the policy loss has none), and which HF tensors the three steps moved."""
+    out = {"logits": job_logits(backend, model_dir)}
+    exported = job_export(backend, model_dir)
+    out.update(job_step(backend, 2))
+    zero = [Sample(s.token_ids, s.prompt_length, generation_logprobs=s.generation_logprobs, advantage=0.0)
+            for s in fixed_samples(backend.vocab_size)]
+    out["auxgrad"] = backend.train_step(zero, GrpoLossConfig(), 8, 2, None).metrics
+    state = backend.gather_hf_state_dict()
+    if state is not None:
+        from safetensors.torch import load_file
+
+        source = {k: v for f in sorted(Path(model_dir).glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+        out.update(export=exported, names=sorted(state),
+                   moved=sorted(n for n in state if not torch.equal(state[n].float(), source[n].float())))
+    return out
 
 
 def job_export(backend, model_dir: str) -> dict:
@@ -230,6 +251,8 @@ def main() -> None:
         result = job_bench(backend, int(job[5:] or 5))
     elif job == "export":
         result = job_export(backend, settings.model_name)
+    elif job == "moe":
+        result = job_moe(backend, settings.model_name)
     elif job == "publish":
         result = job_publish(backend, Path(out_path).with_suffix(".received"))
     else:

@@ -11,6 +11,8 @@ Same losses, logprob alignment, metrics and global normalisation as the DTensor 
   loss is already divided by the step's global token count.
 - Metrics come from the last pipeline stage's first TP rank of every data-parallel replica.
 The reference policy is a copy of the initial weights swapped in (in place) for reference passes.
+Mixture-of-experts models (moe.py) add expert parallelism, frozen routers and the routers'
+load-balancing loss (moe_train.py); their export gathers experts over EP (moe_weights.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from trainer_svc.backends.megatron import checkpoint, cpu_compat
-from trainer_svc.backends.megatron.convert import Arch, hf_shapes
+from trainer_svc.backends.megatron import checkpoint, cpu_compat, gpu_features, moe, moe_weights
+from trainer_svc.backends.megatron.convert import hf_shapes
 from trainer_svc.backends.megatron.model import (
     OptimizerDefaults,
     build_gpt_model,
@@ -34,10 +36,12 @@ from trainer_svc.backends.megatron.model import (
     check_supported,
     compute_dtype,
     destroy_model_parallel,
+    freeze_routers,
     init_model_parallel,
     transformer_config,
     wrap_ddp,
 )
+from trainer_svc.backends.megatron.moe_train import MoeAuxLoss
 from trainer_svc.backends.megatron.weights import iter_hf_tensors, load_weights
 from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
@@ -81,16 +85,21 @@ class MegatronBackend:
         if not (Path(settings.model_name) / "config.json").is_file():
             raise ValueError(f"model_name {settings.model_name!r} is not an HF checkpoint directory (no config.json)")
         hf_config = AutoConfig.from_pretrained(settings.model_name)
-        self.arch = Arch.from_hf_config(hf_config)
-        check_supported(cfg, self.arch, env.world_size, on_gpu=not cpu_compat.needed())
+        self.arch = moe.arch_from_hf_config(hf_config)
+        on_gpu = not cpu_compat.needed()
+        check_supported(cfg, self.arch, env.world_size, on_gpu=on_gpu)
         torch.manual_seed(settings.seed)
+        if moe.is_moe(self.arch):
+            gpu_features.patch_router_without_te()
         with cpu_compat.active():
             self.layout = init_model_parallel(cfg, settings.seed)
             dtype = compute_dtype(cfg, settings.dtype)
             self._config = transformer_config(self.arch, cfg, dtype)
-            self._model = build_gpt_model(self.arch, self._config, self.layout)
+            self._model = build_gpt_model(self.arch, self._config, self.layout, use_te=gpu_features.uses_te(cfg, on_gpu))
             self.conversion, self.conversion_s = load_weights(self._model, self.arch, self.layout, settings.model_name, rank=self.rank,
                                            group=env.cpu_group, log=self._log)
+            if cfg.freeze_moe_router:
+                freeze_routers(self._model)
             self._ddp = wrap_ddp(self._model, self._config, cfg)
             self._config.no_sync_func = self._ddp.no_sync
             self._config.finalize_model_grads_func = _finalize_summed
@@ -99,11 +108,13 @@ class MegatronBackend:
             self._optimizer, self._scheduler = build_optimizer(self._ddp, cfg, defaults, dtype)
         self._sequence_multiple = self.layout.tp_size if cfg.sequence_parallel else 1
         self._params = [p for p in self._model.parameters()]
+        self._moe_aux = MoeAuxLoss(self._config, self.arch, cfg) if moe.is_moe(self.arch) else None
         self._reference = ReferenceWeights(self._params)
         self.held_bytes = HeldBytes()
         self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
         self.vocab_size = self.arch.vocab_size
-        self.hf_tensor_shapes = hf_shapes(self.arch)
+        self.hf_tensor_shapes = (moe.hf_shapes(self.arch, self.layout.ep_size) if moe.is_moe(self.arch)
+                                 else hf_shapes(self.arch))
         self.num_parameters = sum(math.prod(s) for s in self.hf_tensor_shapes.values())
         dtype_name = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
         self.checkpoint_dtype = getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name
@@ -266,6 +277,8 @@ class MegatronBackend:
         self._model.train()
         self._ddp.zero_grad_buffer()
         self._optimizer.zero_grad()
+        if self._moe_aux is not None:
+            self._moe_aux.prepare(*batches[0].input_ids.shape, len(batches), self.layout.dp_size)
         outputs = self._schedule(batches, loss_func, forward_only=False)
         if learning_rate is not None:
             for group in self._optimizer.param_groups:
@@ -286,6 +299,8 @@ class MegatronBackend:
             for name, value in part.items():
                 metrics[name] = metrics.get(name, 0.0) + value
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, num_tokens=float(num_tokens))
+        if self._moe_aux is not None:
+            metrics.update(self._moe_aux.collect(len(batches)))
         return metrics
 
     # ------------------------------------------------------------------ state
@@ -298,6 +313,11 @@ class MegatronBackend:
         # no cpu_compat.active() here: the export makes no CUDA tensors, and a mode entered in a
         # generator would stay pushed while the consumer (the weight sender) runs between items
         exports = self.layout.dp_rank == 0 and ps.get_context_parallel_rank() == 0
+        if moe.is_moe(self.arch):
+            yield from moe_weights.iter_moe_hf_tensors(self._model, self.arch, self.layout,
+                                                       groups=moe_weights.process_groups(), dense_exports=exports,
+                                                       rank=self.rank, held=self.held_bytes)
+            return
         stage_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
         yield from iter_hf_tensors(self._model, self.arch, self.layout, tp_group=ps.get_tensor_model_parallel_group(),
                                    stage_ranks=stage_ranks, exports=exports, rank=self.rank, held=self.held_bytes)
