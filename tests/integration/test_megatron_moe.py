@@ -3,8 +3,8 @@ random Qwen2-MoE and Mixtral checkpoints built locally (N(0, 0.15) weights: deci
 
 - converted logits equal HF's at expert parallel 2, and at TP=2 x EP=2 (4 ranks, sequence
   parallel, the experts split over 2 expert-tensor-parallel ranks);
-- EP=2 (2 ranks: DP=2, experts 0-1 on rank 0, 2-3 on rank 1) trains exactly like EP=1 (1 rank),
-  load-balancing loss metric included; with zero advantages the routers' loss is the step's
+- EP=2 (2 ranks: DP=2, experts 0-1 on rank 0, 2-3 on rank 1, fused SwiGLU) trains exactly like
+  EP=1 (1 rank, plain SwiGLU), load-balancing loss metric included; with zero advantages the routers' loss is the step's
   only gradient, the same at both layouts (its normalisation does not depend on them), and
   none at all with the balancing off;
 - the export gathers every expert to rank 0 bit for bit, and freeze_moe_router keeps every
@@ -50,8 +50,9 @@ def _check_common(out: dict) -> None:
 
 
 def test_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path):
-    ep2, log = run_worker(tmp_path, moe(models["qwen2_moe"], expert_model_parallel_size=2, **AUX), "moe", 2,
-                          tmp_path / "c")
+    # with bias_activation_fusion (Megatron's jit-scripted SwiGLU, which runs on CPU) against ep1's plain SwiGLU
+    ep2, log = run_worker(tmp_path, moe(models["qwen2_moe"], expert_model_parallel_size=2, bias_activation_fusion=True,
+                                        **AUX), "moe", 2, tmp_path / "c")
     _check_common(ep1)
     _check_common(ep2)  # measured: 5.6e-6 (logits up to 6.5)
     assert "megatron_checkpoint_converted" in log

@@ -1,6 +1,6 @@
-"""GRPO through the real services with a mixture-of-experts model: a torchrun Megatron trainer
-at expert parallel 2 (2 ranks: experts 0-1 on rank 0, 2-3 on rank 1) on a tiny Qwen2-MoE, one
-vLLM generator running that model with tensor parallel 2 (vLLM's mp executor: two worker
+"""The MoE recipe (examples/configs/grpo_moe_megatron.yaml) through the real services: a
+torchrun Megatron trainer at expert parallel 2 (2 ranks: experts 0-1 on rank 0, 2-3 on rank 1)
+on a tiny Qwen2-MoE, one vLLM generator running that model with tensor parallel 2 (vLLM's mp executor: two worker
 processes, the first receives each version over the weight-sync group and fans it out to the
 second, generator_svc/fanout.py) and a reward service, started by the same code as `tandem run`.
 
@@ -13,6 +13,7 @@ checked without services in tests/integration/test_megatron_moe.py.
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import structlog
@@ -32,17 +33,18 @@ from trainer_svc.types import Sample
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
+RECIPE = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_moe_megatron.yaml"
+
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe-grpo")
     saved = os.environ.get("TANDEM_MEGATRON_CHECKPOINT_DIR")
     os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = str(root / "megatron-cache")
-    cfg = load_config(overrides=[
-        "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false",
-        "policy.megatron_cfg.expert_model_parallel_size=2", "policy.megatron_cfg.moe_router_load_balancing_type=aux_loss",
-        "policy.generation.vllm_cfg.tensor_parallel_size=2",
-        "cluster.trainer_ranks=2", "cluster.num_generators=1", f"logger.log_dir={root}",
+    # the recipe as `tandem run` reads it (examples/configs/grpo_moe_megatron.yaml), sizes shortened
+    # and the generator's vLLM at tensor parallel 2
+    cfg = load_config(RECIPE, overrides=[
+        "policy.generation.vllm_cfg.tensor_parallel_size=2", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
         "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8"])
     # N(0, 0.1) weights: decisive routing, so vLLM's and Megatron's top-k pick the same experts

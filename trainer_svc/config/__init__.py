@@ -171,6 +171,9 @@ class TrainerSettings(_Strict):
         object.__setattr__(self, "backend", resolve_backend(self.dtensor_cfg, self.megatron_cfg))
         if self.generation.enabled and self.backend is not TrainingBackend.MEGATRON:
             raise ValueError("generation.enabled serves generation from the Megatron model: set megatron_cfg.enabled=true")
+        if self.generation.enabled and self.megatron_cfg.context_parallel_size > 1:
+            raise ValueError("generation.enabled (policy.generation.backend: megatron) decodes whole rows: set "
+                             "megatron_cfg.context_parallel_size to 1 or generate with vLLM")
         if self.backend is TrainingBackend.DTENSOR:
             dtensor = self.dtensor_cfg
             if dtensor.lora_cfg.enabled and self.reward_model_cfg.enabled:

@@ -42,6 +42,7 @@ from trainer_svc.backends.megatron.model import (
     wrap_ddp,
 )
 from trainer_svc.backends.megatron.moe_train import MoeAuxLoss
+from trainer_svc.backends.megatron.tokens import TokenMath
 from trainer_svc.backends.megatron.weights import iter_hf_tensors, load_weights
 from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
@@ -60,7 +61,6 @@ from trainer_svc.losses import (
     LossInputs,
     build_loss_fn,
     count_loss_sequences,
-    masked_entropy_sum,
     previous_logprobs_needed,
 )
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
@@ -106,12 +106,13 @@ class MegatronBackend:
             opt = settings.optimizer
             defaults = OptimizerDefaults(opt.lr, opt.weight_decay, opt.betas, opt.eps, settings.max_grad_norm)
             self._optimizer, self._scheduler = build_optimizer(self._ddp, cfg, defaults, dtype)
-        self._sequence_multiple = self.layout.tp_size if cfg.sequence_parallel else 1
+        self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
+        self._tokens = _token_math(self._pad_id, self.arch.vocab_size)  # context parallel: tokens.py
+        self._sequence_multiple = (self.layout.tp_size if cfg.sequence_parallel else 1) * self._tokens.width_multiple
         self._params = [p for p in self._model.parameters()]
         self._moe_aux = MoeAuxLoss(self._config, self.arch, cfg) if moe.is_moe(self.arch) else None
         self._reference = ReferenceWeights(self._params)
         self.held_bytes = HeldBytes()
-        self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
         self.vocab_size = self.arch.vocab_size
         self.hf_tensor_shapes = (moe.hf_shapes(self.arch, self.layout.ep_size) if moe.is_moe(self.arch)
                                  else hf_shapes(self.arch))
@@ -125,7 +126,7 @@ class MegatronBackend:
     @property
     def _contributes(self) -> bool:
         """This rank's loss outputs are counted (one rank per data-parallel replica)."""
-        return self.layout.is_last_stage and self.layout.tp_rank == 0
+        return self.layout.is_last_stage and self.layout.tp_rank == 0 and self.layout.cp_rank == 0
 
     def _micro_batches(self, samples: Sequence[Sample], micro_batch_size: int, num_micro: int,
                        width: int) -> list[MicroBatch]:
@@ -151,8 +152,7 @@ class MegatronBackend:
 
         def forward_step(data_iterator, model):
             batch = next(data_iterator)
-            ids = batch.input_ids
-            positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+            ids, positions = self._tokens.inputs(batch.input_ids)
             return model(ids, positions, None), partial(loss_func, batch)
 
         return get_forward_backward_func()(
@@ -161,16 +161,15 @@ class MegatronBackend:
             forward_only=forward_only)
 
     def _logits(self, output: torch.Tensor) -> torch.Tensor:
-        return output[..., :self.vocab_size].float()
+        return self._tokens.logits(output)
 
     # ------------------------------------------------------------------ logprobs
 
     def _score_batches(self, batches: list[MicroBatch]) -> list[torch.Tensor | None]:
         """[B, T-1] logprobs per micro-batch on the last stage (None elsewhere)."""
         def loss_func(batch, output):
-            logits = self._logits(output)
-            logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1))
-            return output.sum() * 0.0, torch.tensor(1), {"logprobs": logp.squeeze(-1).detach()}
+            logp = self._tokens.logprobs(output, batch.input_ids)
+            return output.sum() * 0.0, torch.tensor(1), {"logprobs": logp.detach()}
 
         self._model.eval()
         with torch.no_grad():
@@ -265,14 +264,13 @@ class MegatronBackend:
 
         def loss_func(batch, output):
             i = index[id(batch)]
-            logits = self._logits(output)
-            curr = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            curr = self._tokens.logprobs(output, batch.input_ids)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None, batch.generation_logprobs,
                                 ref[i] if ref else None)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             metrics = {**{k: v.detach().float() for k, v in out.metrics.items()},
-                       "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}
-            return out.loss, torch.tensor(1), metrics
+                       "entropy": self._tokens.entropy_sum(output, batch.mask) / max(num_tokens, 1)}
+            return out.loss * self._tokens.loss_scale, torch.tensor(1), metrics  # CP: every CP rank has the whole loss
 
         self._model.train()
         self._ddp.zero_grad_buffer()
@@ -343,6 +341,13 @@ class MegatronBackend:
     def close(self) -> None:
         self._reference.clear()
         destroy_model_parallel()
+
+
+def _token_math(pad_id: int, vocab_size: int) -> TokenMath:
+    from megatron.core import parallel_state as ps
+
+    return TokenMath(ps.get_context_parallel_world_size(), ps.get_context_parallel_rank(),
+                     ps.get_context_parallel_group(), pad_id, vocab_size)
 
 
 def _finalize_summed(model, num_tokens=None, *args, **kwargs):

@@ -39,6 +39,7 @@ class Layout:
     etp_size: int = 1
     edp_rank: int = 0
     """Rank among the replicas of this rank's experts (expert data parallel)."""
+    cp_rank: int = 0
 
     @property
     def experts(self) -> ExpertShard:
@@ -95,9 +96,10 @@ def _check_moe_layout(cfg: MegatronSettings, arch: Arch, world_size: int) -> Non
     if tp > 1 and not cfg.sequence_parallel:
         raise ValueError("megatron_cfg.sequence_parallel must be true with a mixture-of-experts model at "
                          "tensor_model_parallel_size > 1 (Megatron's MoE layer needs it)")
-    if pp > 1:
-        raise ValueError("megatron_cfg.pipeline_model_parallel_size > 1 with a mixture-of-experts model is not "
-                         "supported yet (the expert export runs within one stage): set it to 1")
+    if pp > 1 or cfg.context_parallel_size > 1:
+        raise ValueError("megatron_cfg.pipeline_model_parallel_size / context_parallel_size > 1 with a "
+                         "mixture-of-experts model are not supported yet (the expert export runs within one stage, "
+                         "the routers' loss is normalised without CP): set them to 1")
 
 
 def init_model_parallel(cfg: MegatronSettings, seed: int) -> Layout:
@@ -117,7 +119,7 @@ def init_model_parallel(cfg: MegatronSettings, seed: int) -> Layout:
                   ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
                   ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size(),
                   ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size(),
-                  ps.get_expert_data_parallel_rank())
+                  ps.get_expert_data_parallel_rank(), ps.get_context_parallel_rank())
 
 
 def destroy_model_parallel() -> None:
