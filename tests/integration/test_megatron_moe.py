@@ -8,7 +8,7 @@ random Qwen2-MoE and Mixtral checkpoints built locally (N(0, 0.15) weights: deci
   only gradient, the same at both layouts (its normalisation does not depend on them), and
   none at all with the balancing off;
 - the export gathers every expert to rank 0 bit for bit, and freeze_moe_router keeps every
-  router's weights while the experts train.
+  router's weights while the experts train (Mixtral, with the alltoall token dispatcher).
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ def test_tp2_x_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path):
         assert abs(mine["grad_norm"] - ref["grad_norm"]) < 5e-3 * ref["grad_norm"]
 
 
-def test_mixtral_with_frozen_routers_and_no_balancing_loss(models, tmp_path):
-    cfg = moe(models["mixtral"], expert_model_parallel_size=2, freeze_moe_router=True)
+def test_mixtral_with_frozen_routers_no_balancing_loss_and_alltoall(models, tmp_path):
+    cfg = moe(models["mixtral"], expert_model_parallel_size=2, freeze_moe_router=True,
+              moe_token_dispatcher_type="alltoall")
     out, _ = run_worker(tmp_path, cfg, "moe", 2, tmp_path / "c")
     _check_common(out)
     assert out["auxgrad"]["grad_norm"] == 0.0 and "moe_load_balancing_loss" not in out["auxgrad"]

@@ -56,8 +56,9 @@ class DTensorSettings(_Strict):
     sequence_parallel: bool = False
     """With tensor_parallel_size > 1: shard the residual stream and norms along the sequence."""
     context_parallel_size: int = Field(1, ge=1)
-    """Ranks that split each sequence (torch's context_parallel: ring attention over CUDA SDPA
-    kernels). GPU only: refused at start on CPU, where torch's attention has no ring kernel."""
+    """Ranks that split each sequence. Accepted for NeMo-RL compatibility and refused at start:
+    on CPU torch has no ring-attention kernel (its context_parallel shards only the CUDA SDPA
+    kernels), and on GPUs this backend does not run it yet (megatron_cfg.context_parallel_size does)."""
     cpu_offload: bool = False
     """Keep parameters, gradients and optimizer state in host memory between uses (FSDP2
     CPUOffloadPolicy; the optimizer steps on the CPU). On a CPU-only machine nothing moves."""

@@ -49,6 +49,8 @@ def test_context_parallel_loads_and_the_cpu_trainer_refuses_it_with_what_is_miss
     with pytest.raises(ValueError, match=r"context_parallel_size=2 needs CUDA: .*ring attention"):
         check_context_parallel(2, torch.device("cpu"))
     check_context_parallel(1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="use megatron_cfg.context_parallel_size"):
+        check_context_parallel(2, torch.device("cuda"))
 
 
 def test_colocated_keys():

@@ -141,3 +141,12 @@ def test_merged_weights_equal_peft_merge():
     assert list(merged) == names
     assert max((merged[n] - expected[n]).abs().max().item() for n in names) < 1e-6
     assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], _tiny_llama().model.layers[0].self_attn.q_proj.weight)
+
+
+def test_slurm_gives_a_parallel_generator_one_gpu_per_vllm_worker():
+    from coordinator.cluster.slurm import plan
+
+    cfg = load_config(overrides=["cluster.gpus_per_node=8", "cluster.trainer_ranks=8", "cluster.num_generators=4",
+                                 "policy.generation.vllm_cfg.tensor_parallel_size=2"])
+    layout = plan(cfg)
+    assert (layout.gpus_per_generator, layout.generator_nodes, layout.generators_per_node) == (2, 1, 4)

@@ -304,3 +304,7 @@ def check_context_parallel(size: int, device: torch.device) -> None:
                          "only the CUDA SDPA kernels (flash / memory-efficient / cuDNN ring attention), and this "
                          "trainer runs on CPU, where torch's attention has no ring kernel; set it to 1 (or use "
                          "megatron_cfg.context_parallel_size on GPUs)")
+    raise ValueError(f"dtensor_cfg.context_parallel_size={size}: the DTensor backend does not run torch's "
+                     "context_parallel yet (its ring attention must enclose forward and backward of every micro-batch, "
+                     "and the FSDP mesh must span dp x cp); set it to 1, or use megatron_cfg.context_parallel_size "
+                     "(Megatron with Transformer Engine's ring attention)")
