@@ -24,7 +24,6 @@ from generator_svc.fanout import fan_out
 from tandem.weight_sync import GroupSpec, WeightReceiver, WeightSender, iter_plan_tensors, plan_for_state_dict
 
 
-
 def _worker(address: str, index: int, workers: int, plan, repeats: int, store: str, done) -> None:
     """Worker `index` of one generator: the first receives and fans out, the others take the fan-out."""
     dist.init_process_group("gloo", store=dist.FileStore(store, workers), rank=index, world_size=workers)

@@ -44,7 +44,7 @@ def test_fp8_trains_on_transformer_engine(model_dir, tmp_path):
     cache = tmp_path / "c"
     bf16 = {"optimizer": {"bf16": True}}
     base, _ = run_worker(tmp_path, megatron(model_dir, **bf16), "step2", 1, cache)
-    fp8, log = run_worker(tmp_path, megatron(model_dir, **bf16, fp8_cfg={"enabled": True, "fp8": "e4m3",
+    fp8, _ = run_worker(tmp_path, megatron(model_dir, **bf16, fp8_cfg={"enabled": True, "fp8": "e4m3",
                                                                         "fp8_recipe": "tensorwise"}), "step2", 1, cache)
     for mine, ref in zip(fp8["steps"], base["steps"]):
         assert abs(mine["loss"] - ref["loss"]) < 5e-2 and mine["grad_norm"] > 0, (mine, ref)

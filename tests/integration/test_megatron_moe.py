@@ -2,7 +2,8 @@
 random Qwen2-MoE and Mixtral checkpoints built locally (N(0, 0.15) weights: decisive routing):
 
 - converted logits equal HF's at expert parallel 2, and at TP=2 x EP=2 (4 ranks, sequence
-  parallel, the experts split over 2 expert-tensor-parallel ranks);
+  parallel, the experts split over 2 expert-tensor-parallel ranks) loading the conversion cache
+  that a 1-rank run made (Megatron's distributed checkpoint reshards the experts);
 - EP=2 (2 ranks: DP=2, experts 0-1 on rank 0, 2-3 on rank 1, fused SwiGLU) trains exactly like
   EP=1 (1 rank, plain SwiGLU), load-balancing loss metric included; with zero advantages the routers' loss is the step's
   only gradient, the same at both layouts (its normalisation does not depend on them), and
@@ -12,6 +13,8 @@ random Qwen2-MoE and Mixtral checkpoints built locally (N(0, 0.15) weights: deci
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -37,10 +40,16 @@ STEP_KEYS = ("loss", "grad_norm", "kl", "entropy", "moe_load_balancing_loss")
 
 
 @pytest.fixture(scope="module")
-def ep1(models, tmp_path_factory) -> dict:
-    """The reference: the Qwen2-MoE on one rank (every expert local)."""
-    tmp = tmp_path_factory.mktemp("moe-ep1")
-    return run_worker(tmp, moe(models["qwen2_moe"], **AUX), "moe", 1, tmp / "c")[0]
+def shared_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("moe-cache")
+
+
+@pytest.fixture(scope="module")
+def ep1(models, tmp_path_factory, shared_cache) -> dict:
+    """The reference: the Qwen2-MoE on one rank (every expert local), converted into shared_cache."""
+    out = run_worker(tmp_path_factory.mktemp("moe-ep1"), moe(models["qwen2_moe"], **AUX), "moe", 1, shared_cache)[0]
+    assert out["logits"]["conversion"] == "converted"
+    return out
 
 
 def _check_common(out: dict) -> None:
@@ -67,10 +76,11 @@ def test_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path):
     assert aux1 > 1e-4 and abs(aux2 - aux1) < 1e-4 * aux1, (aux1, aux2)
 
 
-def test_tp2_x_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path):
+def test_tp2_x_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path, shared_cache):
     layout = dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, sequence_parallel=True)
-    four, _ = run_worker(tmp_path, moe(models["qwen2_moe"], **layout, **AUX), "moe", 4, tmp_path / "c")
+    four, _ = run_worker(tmp_path, moe(models["qwen2_moe"], **layout, **AUX), "moe", 4, shared_cache)
     _check_common(four)  # the experts also split over 2 expert-tensor-parallel ranks
+    assert four["logits"]["conversion"] == "cached"  # the EP=1 conversion, resharded to TP=2 x EP=2 x ETP=2
     for mine, ref in zip(four["steps"], ep1["steps"]):
         assert abs(mine["loss"] - ref["loss"]) < 1e-4 and abs(mine["kl"] - ref["kl"]) < 1e-4
         # sequence parallel pads each row to an even width, and padding tokens are routed too, so
