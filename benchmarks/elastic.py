@@ -34,7 +34,7 @@ from coordinator.cluster.launcher import ServiceSpec, python_module
 from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.cache import cache_root
@@ -92,7 +92,8 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tandem-elastic-"))
     cfg = load_config(overrides=["cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
-                                 "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=24"])
+                                 "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=24",
+                                 "cluster.max_service_restarts=0"])  # it kills and spawns generators itself
     model_dir = str(ensure_tiny_model(cache_root()))
     train_path, _ = ensure_arithmetic_dataset(cache_root(), 0, 500, 16)
     run_dir = root / "run"
@@ -103,7 +104,8 @@ def main() -> None:
                                                        "restart")}
     cluster = LocalCluster(cfg, model_dir, run_dir, "bench-token", log)
     with cluster as services:
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log,
+        tokens = Tokens(model_dir)
+        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log,
                                   op_timeout_s=10.0)
         ctx.publish()
         step, index = 0, 2

@@ -109,8 +109,10 @@ class GRPOTrainer:
         raw = apply_overrides(_raw_config(config), overrides)
         self.reward_fns = dict(reward_fns or {})
         for task in self.reward_fns:
-            env = raw.setdefault("env", {t: {} for t in ExperimentConfig().env})  # keep the default tasks
-            env.setdefault(task, {})["external"] = True
+            if "env" not in raw:  # keep the default tasks, and their rows' task for rows that name none
+                raw["env"] = {t: {} for t in ExperimentConfig().env}
+                raw.setdefault("data", {}).setdefault("default_task", ExperimentConfig().data.default_task)
+            raw["env"].setdefault(task, {})["external"] = True
         self.config = load_config(raw=raw)
         self.console = console or Console(stderr=True)
 
@@ -138,7 +140,8 @@ def train(model: str | Path | None = None, dataset: str | Path | Iterable[Mappin
           reward_fn: RewardFn | None = None, *, task: str | None = None, config: str | Path | Mapping | None = None,
           console: Console | None = None, **overrides: Any) -> dict:
     """Train `model` (an HF checkpoint dir; None: the embedded tiny model) with GRPO on
-    `dataset` (a JSONL path, or rows with prompt/answer[/task]; None: the embedded arithmetic
+    `dataset` (a JSONL, parquet, arrow, JSON or CSV path or dataset directory, or rows with
+    prompt/answer[/task] or messages/answer[/task]; None: the embedded arithmetic
     task), rewarded by `reward_fn(prompt, completion, answer) -> float` (None: the configured
     env scorers). A reward_fn serves `task` (default: the rows' task, else "custom"); list
     rows are written to <run dir>/data/train.jsonl. Returns the run's summary."""
@@ -153,7 +156,8 @@ def train(model: str | Path | None = None, dataset: str | Path | Iterable[Mappin
         raw.setdefault("data", {})["default_task"] = task
     if dataset is not None:
         data = raw.setdefault("data", {})
-        data.update(dataset_name="jsonl", train_path=str(dataset) if rows is None else None)
+        jsonl = rows is not None or str(dataset).endswith(".jsonl")  # other files: through `datasets`
+        data.update(dataset_name="jsonl" if jsonl else "local", train_path=str(dataset) if rows is None else None)
         if rows is not None:
             data["train_path"] = str(_write_rows(raw, rows))
     trainer = GRPOTrainer(raw, reward_fns={task: reward_fn} if reward_fn is not None else None, console=console)

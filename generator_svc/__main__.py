@@ -33,11 +33,14 @@ def main(argv: list[str] | None = None) -> None:
 
     for name, value in loopback_collectives_env(args.host).items():
         os.environ.setdefault(name, value)
+    from tandem.logs import configure_logging
+    from tandem.process_logs import vllm_logging_env
+
+    log = configure_logging("generator", route_all=True)  # before vLLM: its processes inherit the output pipe
+    os.environ.update(vllm_logging_env(scratch / "logging.json", "generator", dict(os.environ)))
 
     from generator_svc.server import serve
-    from tandem.logs import configure_logging
 
-    log = configure_logging("generator")
     log.info("settings", **settings.model_dump(mode="json"))
     try:
         code = asyncio.run(serve(settings, args, token, log))

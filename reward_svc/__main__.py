@@ -16,7 +16,7 @@ from tandem.service import load_settings, parse_args, serve
 async def main() -> None:
     args = parse_args("Tandem reward service")
     settings = load_settings(args.settings, RewardSettings)
-    log = configure_logging("reward")
+    log = configure_logging("reward", route_all=True)
     token = load_token()
     log.info("settings", **settings.model_dump())
     engine = RewardEngine(settings, log)

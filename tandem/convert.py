@@ -22,7 +22,7 @@ from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from protos.tandem.common.v1 import common_pb2
-from tandem.weight_sync import BucketPlan, GroupSpec, TensorSpec
+from tandem.weight_plan import BucketPlan, GroupSpec, TensorSpec
 
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -148,8 +148,16 @@ def group_to_pb(group: GroupSpec) -> common_pb2.WeightSyncGroup:
     return to_pb(common_pb2.WeightSyncGroup, group, op_timeout_ms=int(group.op_timeout_s * 1000))
 
 
+MAX_GROUP_SIZE = 1 << 16
+MAX_OP_TIMEOUT_MS = 3_600_000
+
+
 def group_from_pb(pb: common_pb2.WeightSyncGroup) -> GroupSpec:
     if not pb.store_address or pb.world_size < 1:  # 1: the trainer alone (a publish with nothing to send)
         raise ValueError("weight-sync group needs a store address and at least 1 member (the trainer)")
+    if pb.world_size > MAX_GROUP_SIZE or not 0 <= pb.op_timeout_ms <= MAX_OP_TIMEOUT_MS or pb.epoch < 0:
+        raise ValueError(f"weight-sync group out of range: world_size {pb.world_size} (at most {MAX_GROUP_SIZE}), "
+                         f"op_timeout_ms {pb.op_timeout_ms} (0 for the default, at most {MAX_OP_TIMEOUT_MS}), "
+                         f"epoch {pb.epoch} (not negative)")
     return GroupSpec(pb.store_address, pb.epoch, pb.epoch_secret, pb.world_size,
                      (pb.op_timeout_ms or 30_000) / 1000)

@@ -1,7 +1,9 @@
 """structlog setup shared by every Tandem process.
 
 JSON lines when stderr is not a terminal (files, CI, containers), coloured console output
-when it is. Every service binds its name (and later run id, step, version) to each line.
+when it is. Every service binds its name (and later run id, step, version) to each line; a
+service process (`route_all=True`) also turns everything else it or its children write into
+JSON lines: third-party logging, C++ warnings, progress bars (tandem/process_logs.py).
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ def _level(level: str | None) -> int:
     return getattr(logging, name, logging.INFO)
 
 
-def configure_logging(service: str, *, level: str | None = None, json: bool | None = None) -> structlog.stdlib.BoundLogger:
-    """Configure structlog for this (service) process and return a logger bound to `service`."""
+def configure_logging(service: str, *, level: str | None = None, json: bool | None = None,
+                      route_all: bool = False) -> structlog.stdlib.BoundLogger:
+    """Configure structlog for this (service) process and return a logger bound to `service`.
+    route_all (service entry points): in JSON mode, every other line of the process is JSON too."""
     use_json = (not sys.stderr.isatty()) if json is None else json
+    if use_json and route_all:
+        from tandem.process_logs import json_everywhere
+
+        json_everywhere(service)
     structlog.configure(
         processors=_processors(use_json),
         wrapper_class=structlog.make_filtering_bound_logger(_level(level)),

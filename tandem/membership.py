@@ -5,6 +5,9 @@ trying every interval. A heartbeat answered with `known=False` (the coordinator 
 on the same address) registers again (`coordinator_back`), so live services re-join a
 restarted coordinator without restarting themselves.
 
+A heartbeat answered with `run_over` (the run finished: services that the run did not start
+itself end with it) calls `on_run_over` once; the service then stops as on SIGTERM.
+
 Leaving is two-step: `leave()` tells the coordinator the service is draining (no new work;
 heartbeats go on so its load stays visible), `stop()` says it is gone.
 """
@@ -52,7 +55,7 @@ class MembershipAgent:
     """Registers, heartbeats, re-registers on demand, and deregisters on stop."""
 
     def __init__(self, coordinator_address: str, token: str, announcement: Announcement,
-                 load: Callable[[], Load], log) -> None:
+                 load: Callable[[], Load], log, on_run_over: Callable[[], None] | None = None) -> None:
         self._address = coordinator_address
         self._metadata = ((TOKEN_METADATA_KEY, token),)
         self._announcement = announcement
@@ -64,6 +67,7 @@ class MembershipAgent:
         self._channel: grpc.aio.Channel | None = None
         self._leaving = False
         self._unreachable_since: float | None = None
+        self._on_run_over = on_run_over
 
     def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self._address)
@@ -96,6 +100,10 @@ class MembershipAgent:
         reply = await stub.Heartbeat(pb.HeartbeatRequest(
             member_id=self._member_id, num_inflight=load.num_inflight, weight_version=load.weight_version),
             metadata=self._metadata, timeout=CALL_TIMEOUT_S)
+        if reply.run_over and self._on_run_over is not None:
+            self._log.info("run_over", coordinator=self._address)
+            self._on_run_over()
+            self._on_run_over = None
         if not reply.known:
             self._log.warning("coordinator_forgot_member", member_id=self._member_id, leaving=self._leaving)
             self._member_id = None  # register again at once (unless leaving: then stay away)

@@ -3,7 +3,7 @@ ADDRESS reports SERVING for the service, 1 otherwise. No token needed: the stand
 grpc.health.v1 check is the one call servers accept without it.
 
     python -m tandem.probe 127.0.0.1:50051 generator     # tandem.generator.v1.GeneratorService
-    python -m tandem.probe 127.0.0.1:50051               # liveness only ("")
+    python -m tandem.probe 127.0.0.1:50051               # the whole server (""): SERVING once all is ready
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.probe", description=__doc__.splitlines()[0])
     parser.add_argument("address", help="host:port of the server")
     parser.add_argument("service", nargs="?", default="", help=f"one of {', '.join(KINDS)}, a full service name, "
-                                                                 "or nothing for liveness")
+                                                                 "or nothing for the whole server")
     parser.add_argument("--timeout-s", type=float, default=3.0, help="deadline of the check")
     args = parser.parse_args(argv)
     return 0 if check_health(args.address, service_name(args.service), args.timeout_s) else 1

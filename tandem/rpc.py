@@ -3,11 +3,14 @@
 Servers are `grpc.aio`; each one gets, in this order:
 - an auth interceptor: every call must carry the shared token in the `x-tandem-token`
   metadata, except the standard health check (so orchestrators can probe liveness);
-- an error interceptor: the one place where exceptions become status codes
+- an error interceptor: the one place where exceptions become status codes (it also parses
+  the request, so bytes that are not the method's message are INVALID_ARGUMENT)
   (ValueError -> INVALID_ARGUMENT, FailedPrecondition -> FAILED_PRECONDITION,
   TimeoutError -> DEADLINE_EXCEEDED, ConnectionError -> UNAVAILABLE, else INTERNAL);
-- `grpc.health.v1` (the named service NOT_SERVING until the service calls `mark_ready`)
-  and reflection, so `grpcurl` works against it.
+- `grpc.health.v1` and reflection, so `grpcurl` works against it. Health of each named service
+  and of the whole server ("") is NOT_SERVING until the service calls `mark_ready` (its model
+  or engine is loaded), and again whenever it calls `mark_not_serving` (draining, stopping, or
+  weights in an unknown state): a probe of "" never says SERVING for a server still loading.
 
 Clients are synchronous channels that attach the token; every stub call in the typed
 clients passes a deadline (`timeout=`), and a failed call raises `RpcFailure` (the typed clients'
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -191,39 +195,65 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method, log = handler_call_details.method, self._log
 
         async def _fail(exc: Exception, context: grpc.aio.ServicerContext) -> None:
-            code = status_for(exc)
-            log.warning("rpc_failed", method=method, code=code.name, error=f"{type(exc).__name__}: {exc}",
+            code, details = status_for(exc), _details(exc)
+            log.warning("rpc_failed", method=method, code=code.name, error=details,
                         exc_info=code == grpc.StatusCode.INTERNAL)
-            await context.abort(code, f"{type(exc).__name__}: {exc}")
+            await context.abort(code, details)
+
+        parse = _parser(handler.request_deserializer, method)  # a malformed request is the caller's fault
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
-            async def unary_unary(request, context):
+            async def unary_unary(raw, context):
                 try:
-                    return await inner(request, context)
+                    return await inner(parse(raw), context)
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:  # the one broad except of the server: map to a status
                     await _fail(exc, context)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(unary_unary, None, handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def unary_stream(request, context):
+            async def unary_stream(raw, context):
                 try:
-                    async for item in inner_stream(request, context):
+                    async for item in inner_stream(parse(raw), context):
                         yield item
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:
                     await _fail(exc, context)
 
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_stream_rpc_method_handler(unary_stream, None, handler.response_serializer)
         return handler
+
+
+MAX_DETAILS_CHARS = 4000
+"""Status details travel as trailing metadata (16 KiB at most): a message that quotes a huge
+input is cut, or the caller would get RESOURCE_EXHAUSTED instead of the status it was sent."""
+
+
+def _details(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if len(text) <= MAX_DETAILS_CHARS:
+        return text
+    return f"{text[:MAX_DETAILS_CHARS]}... ({len(text) - MAX_DETAILS_CHARS} more characters)"
+
+
+def _parser(deserialize: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any]:
+    """The request deserializer, raising ValueError (INVALID_ARGUMENT) for bytes that are not the
+    method's message (gRPC itself would answer UNKNOWN)."""
+    if deserialize is None:
+        return lambda raw: raw
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except DecodeError as exc:
+            raise ValueError(f"the request is not a valid message of {method} ({exc})") from None
+    return parse
 
 
 @dataclass
@@ -242,11 +272,12 @@ class RunningServer:
         return f"{self.host}:{self.port}"
 
     async def mark_ready(self) -> None:
-        for name in self.service_names:
+        """Every named service and the whole server ("") SERVING."""
+        for name in ("", *self.service_names):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def mark_not_serving(self) -> None:
-        for name in self.service_names:
+        for name in ("", *self.service_names):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def stop(self, grace_s: float = 5.0) -> None:
@@ -263,7 +294,8 @@ async def start_server(
     token: str,
     log: Any,
 ) -> RunningServer:
-    """Start an aio server on host:port (0 = any free port). Health is NOT_SERVING until mark_ready."""
+    """Start an aio server on host:port (0 = any free port). Health ("" and each named service)
+    is NOT_SERVING until mark_ready."""
     server = grpc.aio.server(interceptors=[AuthInterceptor(token), ErrorInterceptor(log)], options=CHANNEL_OPTIONS)
     for add in register:
         add(server)
@@ -274,10 +306,9 @@ async def start_server(
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind {host}:{port}")
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)  # liveness
-    for name in names:
+    for name in ("", *names):  # before the port answers: no probe ever sees SERVING too early
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.start()
     log.info("grpc_listening", address=f"{host}:{bound}", services=list(names))
     return RunningServer(server, bound, host, health_servicer, names, token)
 

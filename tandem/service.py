@@ -64,7 +64,8 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
     new work), health NOT_SERVING, await `drain()` (the service finishes or hands back what it
     holds, bounded by its own timeout); then, and on death: NOT_SERVING, deregister,
     `on_stop`, stop the server. `also`: more roles the same server announces, each with its
-    own membership (a trainer that also serves generation registers as a generator too)."""
+    own membership (a trainer that also serves generation registers as a generator too). A
+    coordinator that says the run is over stops the service as a signal would."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,7 +79,8 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
             write_address_file(args.address_file, announcement.address)
         if args.coordinator:
             for role, role_load in [(announcement, load), *also]:
-                agents.append(MembershipAgent(args.coordinator, running.token, role, role_load, log))
+                agents.append(MembershipAgent(args.coordinator, running.token, role, role_load, log,
+                                              on_run_over=stop.set))
                 agents[-1].start()
         log.info("service_ready", address=announcement.address)
         exit_code = 0

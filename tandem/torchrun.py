@@ -11,6 +11,12 @@ environment carries TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (`TORCHRUN_ENV`).
 Several nodes still meet in a TCP c10d rendezvous at `rdzv_endpoint`; torch binds that store
 on every interface of the node that hosts it (keep the rendezvous port behind the cluster's
 firewall); MASTER_ADDR is `local_addr`, the address the nodes reach each other at.
+
+`python -m tandem.torchrun [torchrun arguments]` is torchrun (torch.distributed.run) with two
+differences for a service: when its stderr is not a terminal, its own output and its workers'
+are JSON lines like every service's (tandem/process_logs.py), and a stop signal (SIGTERM from
+`docker stop` or the coordinator) that it forwards to the workers, which drain and exit, ends
+it with code 0 instead of a traceback. `torchrun_head` launches it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ def torchrun_head(nproc: int, *, nnodes: int = 1, node_rank: int = 0, rdzv_endpo
                   rdzv_id: str = "tandem", local_addr: str = "127.0.0.1") -> list[str]:
     """torchrun's argv up to the program: one host (nnodes=1, no listener of its own, MASTER_ADDR
     127.0.0.1) or one node of a c10d rendezvous at rdzv_endpoint (MASTER_ADDR local_addr)."""
-    head = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    head = [sys.executable, "-m", "tandem.torchrun", f"--nproc-per-node={nproc}"]
     if nnodes == 1:
         return [*head, "--nnodes=1", "--rdzv-backend=c10d", "--rdzv-conf=store_type=file",
                 f"--rdzv-id={uuid.uuid4().hex}", "--local-addr=127.0.0.1"]
@@ -40,3 +46,29 @@ def torchrun_module(module: str, nproc: int, *args: str) -> list[str]:
     """`python -m module args` under torchrun on this host, nproc ranks (coordinator/launcher.py's
     signature)."""
     return [*torchrun_head(nproc), "-m", module, *args]
+
+
+def main() -> int:
+    json_lines = not sys.stderr.isatty()
+    if json_lines:
+        from tandem.process_logs import json_everywhere
+
+        json_everywhere("torchrun")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun
+
+    if json_lines:  # torch gives its own loggers a plain-text handler when it is imported
+        from tandem.process_logs import route_stdlib_logging
+
+        route_stdlib_logging("torchrun")
+    try:
+        torchrun()
+    except SignalException as exc:
+        from tandem.logs import configure_logging
+
+        configure_logging("torchrun").info("torchrun_stopped", signal=exc.sigval.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

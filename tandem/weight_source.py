@@ -20,7 +20,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from tandem.weight_sync import BucketPlan, GroupSpec, TensorSpec
+from tandem.weight_plan import BucketPlan, GroupSpec, TensorSpec
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
         token = load_token()
     except TokenMissing as exc:
         raise SystemExit(f"trainer_svc: {exc}") from None
-    log = configure_logging("trainer_svc").bind(rank=int(os.environ.get("RANK", "0")))
+    log = configure_logging("trainer_svc", route_all=True).bind(rank=int(os.environ.get("RANK", "0")))
     log.info("settings", **settings.model_dump(mode="json"))
 
     from trainer_svc.engine import build_engine  # torch and transformers load after the arguments are checked

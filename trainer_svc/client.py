@@ -14,7 +14,7 @@ from protos.tandem.trainer.v1 import trainer_pb2 as pb
 from protos.tandem.trainer.v1 import trainer_pb2_grpc as pb_grpc
 from tandem.convert import enum_to_pb, from_pb, group_to_pb, plan_from_pb, to_pb
 from tandem.rpc import open_channel, rpc_failures
-from tandem.weight_sync import GroupSpec
+from tandem.weight_plan import GroupSpec
 from trainer_svc.config import TrainingBackend
 from trainer_svc.types import (
     BradleyTerryLossConfig,
@@ -83,8 +83,10 @@ class TrainerClient:
         return StepResult(dict(reply.metrics), reply.global_step)
 
     @rpc_failures
-    def publish_weights(self, group: GroupSpec, version: int) -> PublishResult:
-        reply = self._stub.PublishWeights(pb.PublishWeightsRequest(group=group_to_pb(group), version=version),
+    def publish_weights(self, group: GroupSpec, version: int, detach: bool = False) -> PublishResult:
+        """detach: return once the trainer holds its copy of `version` (the broadcast goes on)."""
+        reply = self._stub.PublishWeights(pb.PublishWeightsRequest(group=group_to_pb(group), version=version,
+                                                                   detach=detach),
                                           timeout=self._long)
         return PublishResult(reply.bytes_sent, reply.duration_ms)
 

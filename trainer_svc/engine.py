@@ -12,6 +12,7 @@ samples only from published weights, labelled with their version.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, 
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
-from trainer_svc.publish import publish_weights
+from trainer_svc.publish import DetachedPublishes, publish_weights
 from trainer_svc.types import (
     PAIRED_LOSSES,
     BradleyTerryLossConfig,
@@ -70,6 +71,7 @@ class _TrainStep:
 class _PublishWeights:
     group: GroupSpec
     version: int
+    detach: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class TrainerEngine:
         self.weight_version = 0
         self._ipc = CudaIpcExports(backend.device, log)  # colocated generators on GPUs (trainer_svc/cuda_ipc.py)
         self._weights_moved = False  # trained or loaded since weight_version was published
+        self._detached = DetachedPublishes(log)  # async GRPO's background broadcasts (publish.py)
 
     @property
     def is_leader(self) -> bool:
@@ -161,13 +164,17 @@ class TrainerEngine:
         self._log.info("train_step", global_step=result.global_step, **{k: round(v, 6) for k, v in result.metrics.items()})
         return result
 
-    def publish_weights(self, group: GroupSpec, version: int) -> PublishResult:
+    def publish_weights(self, group: GroupSpec, version: int, detach: bool = False) -> PublishResult:
         """Broadcast the weights to `group` as `version`; a group of the trainer alone sends
-        nothing and only makes the version the trainer's (what its own generation serves)."""
+        nothing and only makes the version the trainer's (what its own generation serves).
+        detach: return once rank 0 holds a copy, broadcasting it in the background (publish.py)."""
         if group.world_size < 1:
             raise ValueError(f"a weight-sync group holds at least the trainer, got world_size {group.world_size}")
+        if detach and self._decoder is not None:
+            raise FailedPrecondition("a trainer that generates itself takes no detached publish (async GRPO needs "
+                                     "generator services)")
         start = time.perf_counter()
-        bytes_sent = self._run(_PublishWeights(group, version)) if group.world_size > 1 else 0
+        bytes_sent = self._run(_PublishWeights(group, version, detach)) if group.world_size > 1 else 0
         self.weight_version = version
         self._weights_moved = False
         result = PublishResult(bytes_sent, int((time.perf_counter() - start) * 1000))
@@ -194,22 +201,22 @@ class TrainerEngine:
 
     def save_checkpoint(self, path: str) -> int:
         """Returns the wall time in milliseconds."""
-        if not path:
-            raise ValueError("checkpoint path is empty")
+        target = writable_dir(path, "checkpoint")
         start = time.perf_counter()
-        self._run(_SaveCheckpoint(Path(path).expanduser().absolute()))
+        self._run(_SaveCheckpoint(target))
         return int((time.perf_counter() - start) * 1000)
 
     def load_checkpoint(self, path: str) -> int:
         if not path:
             raise ValueError("checkpoint path is empty")
+        target = Path(path).expanduser().absolute()
+        if not target.is_dir():
+            raise ValueError(f"no checkpoint at {target}: not a directory")
         self._weights_moved = True
-        return self._run(_LoadCheckpoint(Path(path).expanduser().absolute()))
+        return self._run(_LoadCheckpoint(target))
 
     def export_hf(self, path: str) -> int:
-        if not path:
-            raise ValueError("export path is empty")
-        return self._run(_ExportHf(Path(path).expanduser().absolute()))
+        return self._run(_ExportHf(writable_dir(path, "export")))
 
     @property
     def serves_generation(self) -> bool:
@@ -236,6 +243,7 @@ class TrainerEngine:
 
     def close(self) -> None:
         """Rank 0: release the followers, then the sender and the process groups."""
+        self._detached.wait()
         if self.is_leader:
             self._lockstep.shutdown()
             if self._sender is not None:
@@ -265,7 +273,11 @@ class TrainerEngine:
                 return backend.compute_logprobs(samples, policy, micro_batch_size)
             case _TrainStep(samples, loss, global_batch_size, micro_batch_size, learning_rate):
                 return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
-            case _PublishWeights(group, version):
+            case _PublishWeights(group, version, detach):
+                if detach or self._detached.holds(version):  # async GRPO, or a resend of its held copy
+                    return self._detached.start(backend.iter_hf_tensors() if not self._detached.holds(version)
+                                                else iter(()), self._sender, group, version, self._plan)
+                self._detached.forget()
                 return publish_weights(backend.iter_hf_tensors(), self._sender, group, version, self._plan)
             case _ExportCudaIpc(version):
                 return self._ipc.export(version, self._plan, backend.iter_hf_tensors(), leader=self.is_leader)
@@ -310,3 +322,18 @@ def build_engine(settings: TrainerSettings, log: Any, token: str) -> TrainerEngi
     return TrainerEngine(backend, Lockstep(env.cpu_group, env.rank, env.world_size), model_name=settings.model_name,
                          plan=plan, sender=sender, fingerprint=fingerprint, log=log,
                          reward_model=settings.reward_model_cfg.enabled, decoder=decoder)
+
+
+def writable_dir(path: str, what: str) -> Path:
+    """The directory `path` names, made if missing; ValueError (the caller's mistake, not the
+    trainer's) when it cannot be made or written."""
+    if not path:
+        raise ValueError(f"{what} path is empty")
+    target = Path(path).expanduser().absolute()
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".tandem-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot write the {what} to {target}: {exc.strerror or exc}") from None
+    return target

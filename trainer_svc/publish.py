@@ -9,11 +9,21 @@ in all of them even when its broadcast fails part-way (a dead generator, a tenso
 does not expect): it then drains the export without sending and raises afterwards, and the
 other ranks finish the command as usual. The receivers are never left with a complete
 transfer: the sender closes the group under them (see `tandem.weight_sync.iter_buckets`).
+
+Detached publishes (async GRPO, `DetachedPublishes`): every rank runs the export's gathers while
+rank 0 keeps a copy of the version, the command returns, and rank 0 broadcasts the copy from a
+thread of its own while the trainer takes further commands (the next train step). The copy is
+kept until a newer version is published, so a retry of the same version resends it: the weights
+the generators get are the ones the version names, not those the trainer has moved on to. Rank 0
+holds one copy of the model in memory meanwhile.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -52,3 +62,58 @@ def _watch(tensors: Iterable[tuple[str, torch.Tensor]],
     except BaseException as exc:
         failed.append(exc)
         raise
+
+
+@dataclass
+class _Held:
+    version: int
+    tensors: list[tuple[str, torch.Tensor]]  # rank 0's copy (empty on the other ranks)
+
+
+class DetachedPublishes:
+    """One detached broadcast at a time on rank 0; the last version's copy held for resends."""
+
+    def __init__(self, log):
+        self._log = log
+        self._held: _Held | None = None
+        self._thread: threading.Thread | None = None
+
+    def holds(self, version: int) -> bool:
+        return self._held is not None and self._held.version == version
+
+    def start(self, tensors: Iterable[tuple[str, torch.Tensor]], sender: WeightSender | None, group: GroupSpec,
+              version: int, plan: BucketPlan) -> int:
+        """Collective (every rank): copy `version` (rank 0 keeps it; the gathers run everywhere) unless
+        it is held already, then broadcast the copy in the background from rank 0. Returns the
+        bytes it will send (0 on other ranks)."""
+        self.wait()
+        if not self.holds(version):
+            self._held = _Held(version, [(name, tensor.detach().clone()) for name, tensor in tensors])
+        if sender is None:
+            return 0
+        held = self._held
+        self._thread = threading.Thread(target=self._send, args=(held, sender, group, plan), daemon=True,
+                                        name=f"publish-v{version}")
+        self._thread.start()
+        return plan.total_bytes
+
+    def _send(self, held: _Held, sender: WeightSender, group: GroupSpec, plan: BucketPlan) -> None:
+        started = time.perf_counter()
+        try:
+            sent = publish_weights(iter(held.tensors), sender, group, held.version, plan)
+            self._log.info("weights_broadcast_detached", version=held.version, epoch=group.epoch, bytes=sent,
+                           seconds=round(time.perf_counter() - started, 3))
+        except Exception as exc:  # the generators' receive fails too: the coordinator retries (a resend)
+            self._log.warning("weights_broadcast_detached_failed", version=held.version, epoch=group.epoch,
+                              error=f"{type(exc).__name__}: {exc}")
+
+    def wait(self) -> None:
+        """Let the broadcast in flight (if any) finish; a command that touches the group waits for it."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def forget(self) -> None:
+        """A non-detached publish moved the generators past the held copy: drop it."""
+        self.wait()
+        self._held = None

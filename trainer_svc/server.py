@@ -80,7 +80,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         return pb.TrainStepResponse(metrics=result.metrics, global_step=result.global_step)
 
     async def PublishWeights(self, request, context):
-        result = await self._call(self._engine.publish_weights, group_from_pb(request.group), request.version)
+        result = await self._call(self._engine.publish_weights, group_from_pb(request.group), request.version,
+                                  request.detach)
         return pb.PublishWeightsResponse(bytes_sent=result.bytes_sent, duration_ms=result.duration_ms)
 
     async def SaveCheckpoint(self, request, context):

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tandem.weight_sync import BucketPlan
+from tandem.weight_plan import BucketPlan
 from trainer_svc.config import TrainingBackend
 
 Policy = Literal["current", "reference"]

@@ -16,6 +16,7 @@ import torch
 from coordinator.algorithms.dapo import draw_rollouts
 from coordinator.algorithms.grpo_samples import prepare_samples
 from coordinator.loop.context import LoopContext
+from coordinator.loop.drift_probe import check_drift
 from coordinator.loop.groups import RolloutGroups
 from coordinator.loop.multiturn import Episode, collect_episodes
 from coordinator.loop.pipeline import RolloutPipeline
@@ -35,11 +36,21 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
                                                  global_batch_size=cfg.policy.train_global_batch_size,
                                                  micro_batch_size=cfg.policy.train_micro_batch_size)
     with timings("publish"):
-        published = ctx.publish()
-        if rollouts is not None:
-            rollouts.published(step)
-    return {**result.metrics, **rollout_metrics(batch.rollouts), **batch.metrics, **advantage_metrics,
-            "weight_version": float(published.version), **timings.metrics}
+        version = publish(ctx, step, rollouts)
+    metrics = {**result.metrics, **rollout_metrics(batch.rollouts), **batch.metrics, **advantage_metrics,
+               "weight_version": float(version), **timings.metrics}
+    check_drift(ctx, step, metrics, batch.rollouts.prompts)  # stops a run whose generators drifted from the trainer
+    return metrics
+
+
+def publish(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None) -> int:
+    """Publish the step's weights; async GRPO detaches it (the trainer trains on while they travel)."""
+    if rollouts is not None and rollouts.max_age > 0:
+        return ctx.publish_detached(on_published=lambda: rollouts.published(step))
+    version = ctx.publish().version
+    if rollouts is not None:
+        rollouts.published(step)
+    return version
 
 
 def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:
@@ -58,7 +69,7 @@ def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:
 def rollout_round(ctx: LoopContext, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
     """The next `num_prompts` prompts, rolled out and scored (one round of dynamic sampling)."""
     batch = ctx.cursor.next_batch(num_prompts)
-    prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
+    prompts = [list(e.prompt_ids) for e in batch]
     sampling = step_sampling(ctx, step)
     if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
         sampling = replace(sampling, seed=sampling.seed + round_index * 7919)

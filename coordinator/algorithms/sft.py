@@ -14,7 +14,7 @@ def sft_steps(ctx: LoopContext, num_steps: int) -> dict[str, float]:
     batch = ctx.cursor.next_batch(cfg.global_batch_size * num_steps)
     samples = []
     for example in batch:
-        prompt = ctx.tokens.prompt(example.prompt)
+        prompt = list(example.prompt_ids)
         samples.append(Sample(token_ids=prompt + ctx.tokens.answer(example.answer), prompt_length=len(prompt)))
     result = ctx.services.trainer.train_step(samples, NllLossConfig(), global_batch_size=cfg.global_batch_size,
                                              micro_batch_size=cfg.micro_batch_size, learning_rate=cfg.lr)

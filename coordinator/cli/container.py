@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         return tandem(coordinator_argv(config, overrides, args.host, args.port))
     settings_dir = Path(tempfile.mkdtemp(prefix=f"tandem-{args.role}-"))
     command = service_argv(args, config, overrides, settings_dir)
-    print("exec:", shlex.join(command), file=sys.stderr, flush=True)
+    from tandem.logs import configure_logging
+
+    configure_logging(args.role).info("exec", command=shlex.join(command))  # a JSON line like the service's own
+    sys.stderr.flush()
     os.execv(command[0], command)  # the service replaces this process: signals reach it directly
 
 

@@ -4,7 +4,7 @@ tandem.membership, the kernel's side of the same contract.)"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
@@ -35,6 +35,8 @@ class RunStatusView:
     weight_version: int
     members: tuple[MemberView, ...]
     last_metrics: dict[str, float]
+    service_restarts: dict[str, int] = field(default_factory=dict)
+    """Relaunches of the services the run launched, by service name."""
 
 
 class CoordinatorClient:
@@ -47,8 +49,8 @@ class CoordinatorClient:
     def run_status(self, timeout_s: float = 5.0) -> RunStatusView:
         reply = self._stub.GetRunStatus(pb.GetRunStatusRequest(), timeout=timeout_s)
         members = tuple(MemberView(**{"kind": "?", "health": "?", **from_pb(m)}) for m in reply.members)
-        return RunStatusView(**from_pb(reply, skip=("members", "last_metrics")), members=members,
-                             last_metrics=dict(reply.last_metrics))
+        return RunStatusView(**from_pb(reply, skip=("members", "last_metrics", "service_restarts")), members=members,
+                             last_metrics=dict(reply.last_metrics), service_restarts=dict(reply.service_restarts))
 
     def close(self) -> None:
         self._channel.close()

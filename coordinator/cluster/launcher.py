@@ -5,6 +5,10 @@ so stopping is SIGTERM to each leader (which stops its own children: a generator
 first; a SIGTERM to its whole group would also stop vLLM's engine processes at once), then
 SIGKILL to the groups we created after a grace period. Ctrl-C and the end of a run both go through `stop_all`; nothing is left running.
 
+Thread-safe: the supervisor (coordinator/cluster/supervisor.py) relaunches dead services from
+its own thread while the run loop checks and restarts from the main one. A service that dies
+is reported with the line of its log that names the cause (coordinator/cluster/log_cause.py).
+
 Because children have their own sessions, they outlive a coordinator that is killed. Every
 start is recorded in a state file (name, pid, the process's start time); a coordinator
 restarted on the same run `adopt`s the services still alive there (the pid and start time
@@ -19,11 +23,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.cluster.adopted import AdoptedProcess, descendants, start_ticks
+from coordinator.cluster.log_cause import cause_line
 from tandem import torchrun
 
 
@@ -56,11 +62,18 @@ class LocalLauncher:
         self._log = log
         self._state_file = state_file
         self._children: list[_Child] = []
+        self._lock = threading.RLock()
         self.tolerate_nonessential_exits = False
         """Set once every service has started: until then any exit is fatal (a bad setting)."""
+        self.restarts: dict[str, int] = {}
+        """Relaunches so far, by service name."""
 
     def start(self, spec: ServiceSpec) -> None:
         """Start the service, unless one of that name was adopted and is still alive."""
+        with self._lock:
+            self._start(spec)
+
+    def _start(self, spec: ServiceSpec) -> None:
         if any(c.spec.name == spec.name and c.process.poll() is None for c in self._children):
             self._log.info("service_kept", name=spec.name, pid=self.pids()[spec.name])
             return
@@ -77,21 +90,32 @@ class LocalLauncher:
 
     def restart(self, name: str) -> None:
         """Kill what is left of the named service's process group and start it again."""
-        child = next(c for c in self._children if c.spec.name == name)
-        _kill_tree(child.process.pid)
-        _wait(child.process, 10)
-        self._children.remove(child)
-        self._log.warning("service_restarting", name=name, old_pid=child.process.pid, code=child.process.poll())
-        self.start(child.spec)
+        with self._lock:
+            child = next(c for c in self._children if c.spec.name == name)
+            _kill_tree(child.process.pid)
+            _wait(child.process, 10)
+            self._children.remove(child)
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self._log.warning("service_restarting", name=name, old_pid=child.process.pid, code=child.process.poll(),
+                              restarts=self.restarts[name])
+            self._start(child.spec)
+
+    def exited_nonessential(self) -> dict[str, int]:
+        """Name -> exit code of each service the run can lose (generators, rewards) that has exited."""
+        with self._lock:
+            return {c.spec.name: code for c in self._children
+                    if not c.spec.essential and (code := c.process.poll()) is not None}
 
     def wait_exit(self, name: str, timeout_s: float) -> int | None:
         """The named service's exit code once it has exited (None if it still runs after timeout_s)."""
-        child = next(c for c in self._children if c.spec.name == name)
+        with self._lock:
+            child = next(c for c in self._children if c.spec.name == name)
         _wait(child.process, timeout_s)
         return child.process.poll()
 
     def exited(self, name: str) -> bool:
-        return any(c.spec.name == name and c.process.poll() is not None for c in self._children)
+        with self._lock:
+            return any(c.spec.name == name and c.process.poll() is not None for c in self._children)
 
     def adopt(self) -> list[str]:
         """Take over the services an earlier coordinator of this run started and that still run."""
@@ -118,7 +142,12 @@ class LocalLauncher:
         os.replace(tmp, self._state_file)
 
     def check(self) -> None:
-        """Raise ServiceDied (with the tail of its log) if any essential child has exited."""
+        """Raise ServiceDied (with the line of its log that names the cause) if an essential child
+        has exited, or any child before every service has started."""
+        with self._lock:
+            self._check()
+
+    def _check(self) -> None:
         for child in self._children:
             code = child.process.poll()
             if code is not None and not child.spec.essential and self.tolerate_nonessential_exits:
@@ -126,14 +155,17 @@ class LocalLauncher:
                     self._log.warning("service_exited", name=child.spec.name, pid=child.process.pid, code=code)
                     child.exit_logged = True
             elif code is not None:
-                tail = _tail(child.log_path)
-                raise ServiceDied(f"service {child.spec.name} (pid {child.process.pid}) exited with code {code}; "
-                                  f"last lines of {child.log_path}:\n{tail}")
+                raise ServiceDied(died_message(child.spec.name, child.process.pid, code, child.log_path))
 
     def pids(self) -> dict[str, int]:
-        return {c.spec.name: c.process.pid for c in self._children}
+        with self._lock:
+            return {c.spec.name: c.process.pid for c in self._children}
 
     def stop_all(self, grace_s: float = 15.0) -> None:
+        with self._lock:
+            self._stop_all(grace_s)
+
+    def _stop_all(self, grace_s: float) -> None:
         alive = [c for c in self._children if c.process.poll() is None]
         for child in alive:  # the leader only, as a container stop does: it stops its own children
             # (torchrun its ranks; a generator drains, then shuts vLLM's engine processes down)
@@ -181,11 +213,14 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _tail(path: Path, lines: int = 25) -> str:
+def died_message(name: str, pid: int, code: int, log_path: Path) -> str:
+    """What the run says of a service that died: the cause line of its log, and where the log is."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        cause = cause_line(log_path.read_text(errors="replace"))
     except OSError:
-        return "(no log)"
+        cause = None
+    return (f"service {name} (pid {pid}) exited with code {code}: {cause or '(its log says nothing)'}\n"
+            f"(its whole log: {log_path})")
 
 
 def python_module(module: str, *args: str) -> list[str]:

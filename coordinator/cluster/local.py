@@ -11,13 +11,17 @@ the previous one wrote to <run>/coordinator.addr, so the services that outlived 
 run in their own sessions) re-register by themselves; it adopts those it finds alive in
 <run>/services.json and launches only what is missing. A fresh start stops any such
 leftovers instead.
+
+Once every service has registered, a supervisor (coordinator/cluster/supervisor.py) relaunches
+the generators and reward services that die (local mode) and tells `notify` (the run's
+console) what the run is waiting for while a service it needs is missing.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -27,6 +31,7 @@ from coordinator.cluster.server import CoordinatorServer
 from coordinator.cluster.services import Services
 from coordinator.cluster.specs import all_registered, launch_all, scratch_root
 from coordinator.cluster.status import RunStatus
+from coordinator.cluster.supervisor import Supervisor
 from coordinator.config import ExperimentConfig
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
@@ -51,8 +56,15 @@ class HostedService(Protocol):
 
 class LocalCluster:
     def __init__(self, cfg: ExperimentConfig, model_dir: str, run_dir: Path, token: str, log,
-                 status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False):
+                 status: RunStatus | None = None, hosted: Sequence[HostedService] = (), adopt: bool = False,
+                 trainer_only: bool = False, meanwhile: Callable[[], object] | None = None,
+                 notify: Callable[[str], None] | None = None):
+        """trainer_only: launch and wait for the trainer alone (e.g. to export a checkpoint).
+        meanwhile: work to do while the services boot (after they are launched, before waiting).
+        notify: where the supervisor says what the run waits for (the run's console)."""
         self.cfg = cfg
+        self.meanwhile = meanwhile
+        self.trainer_only = trainer_only
         self.model_dir = model_dir
         self.run_dir = run_dir
         self.log = log
@@ -69,6 +81,9 @@ class LocalCluster:
         self.hosted = list(hosted)
         self.address = ""
         self.startup_s = 0.0
+        self.supervisor = Supervisor(self.launcher, self.registry, self.status, log, needs=self._needs, notify=notify,
+                                     max_restarts=cfg.cluster.max_service_restarts,
+                                     backoff_s=cfg.cluster.restart_backoff_s, relaunch=cfg.cluster.launch == "local")
 
     def __enter__(self) -> Services:
         started = time.perf_counter()
@@ -82,18 +97,28 @@ class LocalCluster:
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
             if self.cfg.cluster.launch == "local":
-                launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher)
+                self._launch()
             else:
                 self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
                               tasks=sorted(self.cfg.env))
-            self.registry.wait_for(all_registered(self.cfg), self.cfg.cluster.startup_timeout_s,
-                                   check=self.launcher.check)
+            if self.meanwhile is not None:
+                self.meanwhile()
+            self.registry.wait_for(self._ready(), self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
             self.launcher.tolerate_nonessential_exits = True  # reward services may be swapped from now on
+            self.supervisor.start()
         except BaseException:
             self.close()
             raise
         self.startup_s = time.perf_counter() - started
         return self.services
+
+    def _launch(self) -> None:
+        """Start the run's services as local children (cluster.launch local)."""
+        launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher, trainer_only=self.trainer_only)
+
+    def _ready(self):
+        """The predicate over live members that start-up waits for."""
+        return all_registered(self.cfg, self.trainer_only)
 
     def _serve(self) -> str:
         try:
@@ -119,7 +144,18 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _needs(self) -> dict[str, str]:
+        """What the run cannot go on without, for the supervisor's notices."""
+        launched = self.launcher.pids()
+        needs = {"the trainer": "trainer"} if "trainer" in launched or self.cfg.cluster.launch == "external" else {}
+        if self.cfg.algorithm.uses_rollouts and not self.trainer_only:
+            if self.cfg.policy.generation.backend.separate_services:
+                needs["a generator"] = "generator"
+            needs.update({f"the reward service of task {task!r}": f"reward:{task}" for task in self.cfg.env})
+        return needs
+
     def close(self) -> None:
+        self.supervisor.stop()  # before the services stop: nothing is relaunched from here on
         self.services.close()
         self.launcher.stop_all()
         for service in self.hosted:

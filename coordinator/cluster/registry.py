@@ -52,6 +52,20 @@ def health(member: Member, now: float, heartbeat_interval_s: float, versions: We
     return "healthy"
 
 
+def check_announcement(kind: str, address: str, capacity: int, tasks: tuple[str, ...], pid: int) -> None:
+    """ValueError unless the announcement is one the run can use: a host:port address (port
+    1-65535), no negative capacity or pid, and for a reward service the tasks it scores."""
+    host, _, port = address.rpartition(":")
+    if (not host.strip("[]") or len(address) > 300 or not port.isdigit() or not 0 < int(port) < 65536
+            or any(c.isspace() or not c.isprintable() for c in address)):
+        raise ValueError(f"address {address[:80]!r} is not host:port (a port from 1 to 65535)")
+    if capacity < 0 or pid < 0:
+        raise ValueError(f"capacity ({capacity}) and pid ({pid}) cannot be negative")
+    if kind == "reward" and (not tasks or any(not t or len(t) > 200 or not t.isprintable() for t in tasks)):
+        raise ValueError("a reward service must name the tasks it scores (non-empty, printable, at most 200 "
+                         "characters)")
+
+
 class Registry:
     def __init__(self, log, heartbeat_interval_s: float = 1.0, timeout_s: float = 5.0):
         self._log = log
@@ -61,9 +75,13 @@ class Registry:
         self._drained: set[str] = set()  # left after draining: their calls finished on their side
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self.run_over = False
+        """Set when the run ends: heartbeats tell every member to stop (coordinator/cluster/dismiss.py)."""
 
     def register(self, kind: str, address: str, *, model_fingerprint: str = "", capacity: int = 0,
                  tasks: tuple[str, ...] = (), pid: int = 0, shares_trainer_weights: bool = False) -> str:
+        """The new member's id; ValueError for an announcement the run could not use."""
+        check_announcement(kind, address, capacity, tasks, pid)
         with self._lock:
             # The same server came back (e.g. re-registering). One server may hold two kinds
             # (a trainer serving generation), so only a member of the same kind is replaced.

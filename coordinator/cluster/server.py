@@ -36,7 +36,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.HeartbeatResponse:
         known = self._registry.heartbeat(request.member_id, request.num_inflight, request.weight_version)
-        return pb.HeartbeatResponse(known=known)
+        return pb.HeartbeatResponse(known=known, run_over=self._registry.run_over)
 
     async def Deregister(self, request: pb.DeregisterRequest, context) -> pb.DeregisterResponse:
         self._registry.deregister(request.member_id, draining=request.draining)
@@ -54,7 +54,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
                    for m in self._registry.members()]
         return pb.GetRunStatusResponse(run_id=s["run_id"], phase=s["phase"], step=s["step"],
                                        total_steps=s["total_steps"], weight_version=s["weight_version"],
-                                       members=members, last_metrics=s["last_metrics"])
+                                       members=members, last_metrics=s["last_metrics"],
+                                       service_restarts=s["service_restarts"])
 
 
 class CoordinatorServer:

@@ -33,8 +33,11 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
     generation = cfg.policy.generation
     return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization"}),
                              model_name=model_dir, dtype=cfg.policy.precision, seed=cfg.grpo.seed + index,
-                             scratch_dir=scratch, colocated=generation.colocated.enabled,
-                             gpu_memory_utilization=gpu_memory_utilization(cfg))
+                             scratch_dir=scratch, cache_dir=cache_root() / "vllm", colocated=generation.colocated.enabled,
+                             gpu_memory_utilization=gpu_memory_utilization(cfg),
+                             in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
+                             recompute_kv_cache_after_weight_updates=(
+                                 cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates))
 
 
 def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
@@ -67,7 +70,7 @@ def scratch_root(run_dir: Path) -> Path:
 
 
 def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
-               launcher: LocalLauncher) -> None:
+               launcher: LocalLauncher, *, trainer_only: bool = False) -> None:
     """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators (none when
     the trainer generates itself: policy.generation.backend megatron) and one reward service per task."""
     settings_dir = run_dir / "services"
@@ -83,7 +86,7 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
         *common), env=threads.env("trainer")))
-    if not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
+    if trainer_only or not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
         return
     for index in range(_num_generator_services(cfg)):
         name = f"generator-{index}"
@@ -130,15 +133,15 @@ def _num_generator_services(cfg: ExperimentConfig) -> int:
     return cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 0
 
 
-def all_registered(cfg: ExperimentConfig):
+def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
     """Predicate over live members: the trainer, every generator (the trainer's own, with
-    policy.generation.backend megatron) and every task's reward service."""
+    policy.generation.backend megatron) and every task's reward service; trainer_only: the trainer."""
     generators = max(_num_generator_services(cfg), 1)
 
     def ready(members: list[Member]) -> bool:
         kinds = [m.kind for m in members]
         tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
-        if not cfg.algorithm.uses_rollouts:
+        if trainer_only or not cfg.algorithm.uses_rollouts:
             return "trainer" in kinds
         return ("trainer" in kinds and kinds.count("generator") >= generators
                 and set(cfg.env) <= tasks)

@@ -18,6 +18,8 @@ class RunStatus:
     step: int = 0
     total_steps: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
+    service_restarts: dict[str, int] = field(default_factory=dict)
+    """Relaunches of the services the run launched, by name (trainer restarts included)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def update(self, **changes) -> None:
@@ -28,4 +30,5 @@ class RunStatus:
     def snapshot(self) -> dict:
         with self._lock:
             return {"run_id": self.run_id, "phase": self.phase, "step": self.step, "total_steps": self.total_steps,
-                    "weight_version": self.versions.version, "last_metrics": dict(self.last_metrics)}
+                    "weight_version": self.versions.version, "last_metrics": dict(self.last_metrics),
+                    "service_restarts": dict(self.service_restarts)}

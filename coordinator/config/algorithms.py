@@ -108,6 +108,12 @@ class GRPOConfig(Section):
     overlong_filtering: bool = False
     """Truncated completions get no loss (they still count in their group's baseline)."""
     reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    max_token_mult_prob_error: float | None = Field(1.05, gt=1)
+    """Drift guard (coordinator/loop/drift.py): stop the run once the step's token_mult_prob_error (mean
+    exp(|trainer - generator logprob|), 1.0 on-policy) stays above this for drift_grace_steps
+    consecutive steps; the error names the generators that drifted. null: never stop."""
+    drift_grace_steps: int = Field(2, ge=1)
+    """Consecutive GRPO steps over max_token_mult_prob_error before the run stops."""
     async_grpo: AsyncGRPOConfig = AsyncGRPOConfig()
     """Rollouts overlapped with training, with a bound on the trajectories' age."""
     val_period: int = Field(10, ge=0)
@@ -118,15 +124,19 @@ class GRPOConfig(Section):
 
 
 class SFTConfig(Section):
-    max_num_steps: int = Field(2000, ge=0)
+    """The SFT warm start before GRPO. Unset keys (config/defaults.py): the embedded tiny model gets the
+    demo's warm start (2000 steps at lr 1e-3, stopping at 45% held-out accuracy); a checkpoint of
+    yours gets none unless max_num_steps is set (then at the policy's lr, for all its steps)."""
+
+    max_num_steps: int = Field(0, ge=0)
     """Most SFT optimizer steps before GRPO (the warm start); 0 skips SFT."""
     global_batch_size: int = Field(16, gt=0)
     """Samples per SFT optimizer step."""
     micro_batch_size: int = Field(64, gt=0)
-    lr: float | None = Field(1e-3, gt=0)
+    lr: float | None = Field(None, gt=0)
     """Learning rate of the SFT phase (None: policy.optimizer.kwargs.lr)."""
     val_period: int = Field(50, gt=0)
     """Optimizer steps per trainer call; the held-out accuracy is checked after each."""
-    stop_at_accuracy: float | None = Field(0.45, gt=0, le=1)
+    stop_at_accuracy: float | None = Field(None, gt=0, le=1)
     """Stop the warm start once held-out accuracy reaches this (None: run max_num_steps)."""
     seed: int = 7

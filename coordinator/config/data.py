@@ -10,34 +10,53 @@ from coordinator.config.section import Section
 
 
 class DataConfig(Section):
-    dataset_name: Literal["arithmetic", "arithmetic_preference", "jsonl"] = "arithmetic"
+    dataset_name: Literal["arithmetic", "arithmetic_preference", "jsonl", "local"] = "arithmetic"
     """`arithmetic`: the embedded synthetic task; `arithmetic_preference`: its embedded toy preference
-    pairs (dpo/rm); `jsonl`: train_path / val_path files (prompt/answer rows, or prompt/chosen/rejected)."""
+    pairs (dpo/rm); `jsonl`: train_path / val_path JSONL files (prompt/answer rows, or
+    prompt/chosen/rejected); `local`: train_path / val_path read with the `datasets` library
+    (.parquet, .arrow, .json/.jsonl, .csv files, or a directory of them or from `save_to_disk`)."""
     train_path: str | None = None
-    """JSONL file of training rows (dataset_name jsonl)."""
+    """File of training rows (dataset_name jsonl or local)."""
     val_path: str | None = None
-    """JSONL file of held-out rows (dataset_name jsonl); none: no validation."""
+    """File of held-out rows (dataset_name jsonl or local); none: no validation."""
+    train_split: str = "train"
+    """dataset_name local, a path holding several splits: the split to train on."""
+    val_split: str = "test"
+    """dataset_name local, a path holding several splits: the held-out split."""
     prompt_key: str = "prompt"
-    """Key of a row's prompt."""
+    """Key (column) of a row's prompt: a string, or a list of chat messages."""
+    messages_key: str = "messages"
+    """Key (column) of a row's chat messages ([{"role", "content"}, ...]), used when the row has it."""
+    prompt_format: Literal["auto", "raw", "chat"] = "auto"
+    """How prompts become text (coordinator/data/prompts.py): `chat` renders every prompt with the
+    tokenizer's chat template (a string as a user message) and its generation prompt; `raw` uses
+    strings as they are; `auto`: messages with the template, strings raw unless a system prompt is set."""
+    prompt_file: str | None = None
+    """A file holding a template with one {} where each row's prompt (a string) goes (NeMo-RL's key)."""
+    system_prompt_file: str | None = None
+    """A file holding the system prompt put before each chat prompt without one (NeMo-RL's key)."""
     answer_key: str = "answer"
-    """Key of a row's ground truth (what the reward service compares the completion with)."""
+    """Key (column) of a row's ground truth (what the reward service compares the completion with)."""
     chosen_key: str = "chosen"
     """Preference rows (dpo/rm): the preferred response."""
     rejected_key: str = "rejected"
     """Preference rows (dpo/rm): the dispreferred response."""
     task_key: str = "task"
     """Key of a row's task (the env.<task> whose reward service scores it)."""
-    default_task: str = "arithmetic"
-    """The task of rows that name none."""
+    default_task: str | None = None
+    """The task of rows that name none. Unset: the env's task when there is one; required with several."""
     num_train: int = Field(6000, gt=0)
     """Training problems of the embedded task."""
     num_val: int = Field(500, gt=0)
     """Held-out problems of the embedded task (the rest of the 8,100 sums are for training)."""
     seed: int = 0
     """Seed of the embedded task's split."""
+    max_truncated_fraction: float = Field(0.5, ge=0, le=1)
+    """Largest fraction of the prompts whose prompt + max_new_tokens may exceed
+    policy.max_total_sequence_length; past it the run refuses to start (below it: a warning)."""
 
     @model_validator(mode="after")
     def _paths_for_jsonl(self) -> DataConfig:
-        if self.dataset_name == "jsonl" and not self.train_path:
-            raise ValueError("data.train_path is required when data.dataset_name is jsonl")
+        if self.dataset_name in ("jsonl", "local") and not self.train_path:
+            raise ValueError(f"data.train_path is required when data.dataset_name is {self.dataset_name}")
         return self

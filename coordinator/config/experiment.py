@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import warnings
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from coordinator.config.algorithms import GRPOConfig, LossConfig, SFTConfig
 from coordinator.config.data import DataConfig
+from coordinator.config.defaults import check_lengths, derived_defaults
 from coordinator.config.env import EnvConfig
 from coordinator.config.policy import PolicyConfig
 from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
@@ -35,6 +36,21 @@ class ExperimentConfig(Section):
     """Reward-model training on preference pairs; its presence makes the run RM."""
     algorithm: Algorithm | None = Field(None, exclude=True)
     """Resolved from the dpo / rm sections at load; not a key to set."""
+    _derived: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _model_defaults(self) -> ExperimentConfig:
+        """Fill the keys whose default depends on the model or on other keys (config/defaults.py)."""
+        replaced, self._derived = derived_defaults(self)
+        for name, section in replaced.items():
+            object.__setattr__(self, name, section)
+        check_lengths(self)
+        return self
+
+    @property
+    def derived(self) -> dict[str, str]:
+        """Dotted key -> why it has its value, for the keys filled in at load (config/defaults.py)."""
+        return dict(self._derived)
 
     @model_validator(mode="after")
     def _resolve_trainer_ranks(self) -> ExperimentConfig:
@@ -59,6 +75,11 @@ class ExperimentConfig(Section):
         if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
                              f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
+        data = self.data
+        if not self.algorithm.uses_rollouts and (data.prompt_format == "chat" or data.system_prompt_file
+                                                 or data.prompt_file):
+            raise ValueError(f"{self.algorithm.value} runs take their prompts as they are for now: remove "
+                             "data.prompt_format chat, data.prompt_file and data.system_prompt_file")
         if not self.algorithm.uses_rollouts and self.policy.backend is TrainingBackend.MEGATRON:
             raise ValueError(f"{self.algorithm.value} runs train on the DTensor backend only for now; set "
                              "policy.megatron_cfg.enabled=false (and policy.dtensor_cfg.enabled=true)")

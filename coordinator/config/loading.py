@@ -19,9 +19,14 @@ class ConfigError(ValueError):
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a","b","c"], YAML-parsed value)."""
     key, sep, value = text.partition("=")
-    if not sep or not key:
+    if not sep or not key or "" in key.split("."):
         raise ConfigError(f"override {text!r} must look like section.key=value")
-    return key.split("."), yaml.safe_load(value) if value else None
+    try:
+        return key.split("."), yaml.safe_load(value) if value else None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"override {text!r}: the value of {key} is not valid YAML ({problem}); quote it to pass "
+                          f"a string ({key}='\"{value}\"') or fix it (lists: [1, 2])") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -42,12 +47,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load YAML (or a dict), apply dotted overrides, validate. Raises ConfigError."""
     data: dict[str, Any] = dict(raw or {})
     if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        loaded = _read_yaml(Path(path))
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections")
         data.update(loaded)
@@ -56,6 +56,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+
+
+def _read_yaml(path: Path) -> Any:
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; give the path of an experiment YAML file")
+    try:
+        return yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}): give an "
+                          "experiment YAML file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
 
 
 def _describe(exc: ValidationError) -> str:

@@ -96,8 +96,9 @@ class GenerationConfig(Section):
     policy.megatron_cfg.enabled); no generator service runs and no weights travel."""
     colocated: ColocatedConfig = ColocatedConfig()
     """Colocated or dedicated generators."""
-    max_new_tokens: int = Field(4, gt=0)
-    """Completion budget: 3 digits + EOS for the embedded task."""
+    max_new_tokens: int | None = Field(None, gt=0)
+    """Completion budget in tokens. Unset: 4 for the embedded task (3 digits + EOS), else half of
+    policy.max_total_sequence_length (config/defaults.py); it must leave room for a prompt."""
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature of the rollouts (validation is greedy)."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -133,8 +134,9 @@ class PolicyConfig(Section):
     """Samples per forward/backward on one trainer rank."""
     logprob_batch_size: int = Field(64, gt=0)
     """Samples per logprob forward on one trainer rank."""
-    max_total_sequence_length: int = Field(64, gt=0)
-    """Longest prompt + completion the trainer takes."""
+    max_total_sequence_length: int | None = Field(None, gt=0)
+    """Longest prompt + completion the trainer takes (and, unless set, vllm_cfg.max_model_len). Unset:
+    64 for the embedded model, else the model's context length capped at 1024."""
     precision: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the trainer and the generators."""
     max_grad_norm: float | None = Field(1.0, gt=0)

@@ -1,10 +1,11 @@
-"""`cluster.*`, `checkpointing.*`, `logger.*`: where the run's services run, and what it keeps."""
+"""`cluster.*`, `checkpointing.*`, `logger.*`: where the run's services run, and what it keeps
+(metrics to JSONL and TensorBoard, optionally Weights & Biases and MLflow; NeMo-RL's key names)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from coordinator.config.section import Section
 
@@ -36,8 +37,13 @@ class ClusterConfig(Section):
     startup_timeout_s: float = Field(300, gt=0)
     """How long the run waits for its services to register."""
     max_trainer_restarts: int = Field(2, ge=0)
-    """Times a trainer that dies during GRPO is relaunched (local mode), the run resuming from its
-    last checkpoint; one more death stops the run."""
+    """Times a trainer that dies during GRPO (any of its ranks) is relaunched (local mode), the run
+    resuming from its last checkpoint; one more death stops the run."""
+    max_service_restarts: int = Field(3, ge=0)
+    """Times each generator or reward service the run launched is relaunched after it dies (local
+    mode), the first after restart_backoff_s, each later one after twice the wait before."""
+    restart_backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first relaunch of a dead generator or reward service."""
 
 
 class CheckpointingConfig(Section):
@@ -49,14 +55,70 @@ class CheckpointingConfig(Section):
     """GRPO steps between checkpoints."""
     keep_top_k: int = Field(2, ge=1)
     """Checkpoints kept (the newest)."""
+    save_hf: bool = False
+    """Also write each checkpoint's model as a Hugging Face checkpoint (<checkpoint>/hf). Every
+    run ends with one in <run>/hf either way; `tandem export` makes one from any checkpoint."""
+
+
+class WandbConfig(Section):
+    """logger.wandb: the Weights & Biases run (wandb.init's arguments, as NeMo-RL passes them)."""
+
+    project: str = "tandem"
+    name: str | None = None
+    """Default: the run's name."""
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] | None = None
+    """offline: write the run under <run dir>/wandb, nothing sent (`wandb sync` uploads it later);
+    null: WANDB_MODE from the environment, else online."""
+
+
+class TensorboardConfig(Section):
+    """logger.tensorboard."""
+
+    log_dir: str | None = None
+    """Default: <run dir>/tensorboard."""
+
+
+class MLflowConfig(Section):
+    """logger.mlflow: the MLflow run."""
+
+    experiment_name: str = "tandem"
+    run_name: str | None = None
+    """Default: the run's name."""
+    run_id: str | None = None
+    """Continue this MLflow run instead of starting one."""
+    tracking_uri: str | None = None
+    """Default: MLFLOW_TRACKING_URI from the environment, else a local file store in <run dir>/mlruns."""
+    artifact_location: str | None = None
+    """Where a new experiment keeps its artifacts (default: the tracking store's choice)."""
 
 
 class LoggerConfig(Section):
     log_dir: str = "runs"
     """Each run writes into <log_dir>/<run name>/."""
     run_name: str | None = None
-    """Default: the start time and a random suffix."""
+    """Default: the start time and a random suffix. A plain name: the run's directory is <log_dir>/<run_name>."""
     tensorboard_enabled: bool = True
     """Write the metrics for TensorBoard too."""
+    tensorboard: TensorboardConfig = TensorboardConfig()
+    wandb_enabled: bool = False
+    """Log the metrics, the config and sample generations to Weights & Biases (pip install wandb)."""
+    wandb: WandbConfig = WandbConfig()
+    mlflow_enabled: bool = False
+    """Log the metrics, the config and sample generations to MLflow (pip install mlflow-skinny)."""
+    mlflow: MLflowConfig = MLflowConfig()
+    num_val_samples_to_print: int = Field(8, ge=0)
+    """Generations kept from each validation (prompt, completion, answer, reward): <run dir>/samples.jsonl,
+    a TensorBoard text, a W&B table, an MLflow table."""
     plot_enabled: bool = True
     """Draw curves.png at the end of the run."""
+
+    @field_validator("run_name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        """A run's files stay inside log_dir: the name is one path component."""
+        if value is not None and (not value.strip() or value in (".", "..") or any(c in value for c in "/\\\0")):
+            raise ValueError(f"{value!r} is not a plain name (it must not be empty, '.', '..' or hold '/', '\\' "
+                             "or NUL): the run's directory is <logger.log_dir>/<run_name>; set logger.log_dir to "
+                             "choose where runs go")
+        return value

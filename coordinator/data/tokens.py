@@ -6,13 +6,31 @@ from __future__ import annotations
 class Tokens:
     """The tokenizer as the loop needs it: prompt ids (BOS included), answer ids + EOS, decode."""
 
-    def __init__(self, model_dir: str):
-        from transformers import AutoTokenizer
+    def __init__(self, model_dir: str, tokenizer=None):
+        """tokenizer: one already loaded (a transformers tokenizer), else model_dir's."""
+        if tokenizer is None:
+            from transformers import AutoTokenizer
 
-        self._tok = AutoTokenizer.from_pretrained(model_dir)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._tok = tokenizer
+        self.source = model_dir
         if self._tok.eos_token_id is None:
             raise ValueError(f"the tokenizer in {model_dir} has no EOS token")
         self.eos_id = int(self._tok.eos_token_id)
+
+    def __len__(self) -> int:
+        return len(self._tok)
+
+    def require_chat_template(self) -> None:
+        if not self._tok.chat_template:
+            raise ValueError(f"the tokenizer in {self.source} has no chat template (tokenizer_config.json chat_template "
+                             "or chat_template.jinja): add one, or set data.prompt_format raw and drop "
+                             "data.system_prompt_file")
+
+    def chat_text(self, messages: list[dict[str, str]]) -> str:
+        """The messages rendered by the chat template, ending with the assistant's generation prompt."""
+        self.require_chat_template()
+        return self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def prompt(self, text: str) -> list[int]:
         return list(self._tok(text)["input_ids"])

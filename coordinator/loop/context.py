@@ -9,14 +9,18 @@ generators serving the published version; dead generators are dropped from membe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from coordinator.cluster.services import GeneratorHandle, Services
 from coordinator.cluster.versions import WeightVersions
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor
 from coordinator.data.tokens import Tokens
+from coordinator.loop.drift import DriftGuard
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.weights.phases import GeneratorPhases
 from coordinator.loop.weights.publisher import WeightPublisher
@@ -33,6 +37,15 @@ class LoopContext:
     publisher: WeightPublisher
     log: object
     phases: GeneratorPhases
+    drift: DriftGuard = field(default_factory=DriftGuard)
+    """Consecutive GRPO steps whose token_mult_prob_error is over the bound (loop/drift.py)."""
+    generator_wait_s: float = 0.0
+    """How long `generators()` waits for one while none is live (one being relaunched, or yet to join)."""
+    _publishing: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "publish"), repr=False)
+    _detached: list[Future] = field(default_factory=list, repr=False)
+    _last_detached: int = 0
+    reward_seconds: float = 0.0
+    """Time spent in reward service calls so far (a step's reward time is the difference)."""
 
     @classmethod
     def connect(cls, cfg: ExperimentConfig, services: Services, tokens: Tokens, examples: list[Example], seed: int,
@@ -48,18 +61,28 @@ class LoopContext:
         publisher = WeightPublisher(services.trainer, transport, log, versions=versions,
                                     on_dead=services.generator_failed)
         phases = GeneratorPhases(colocation, log, on_dead=services.generator_failed)
-        return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log, phases)
+        return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log, phases,
+                   generator_wait_s=cfg.cluster.startup_timeout_s)
 
     def generators(self) -> list[GeneratorHandle]:
         """The live generators that may get work: those serving the published version (stale ones
-        are brought up to date first where possible)."""
-        return self.publisher.admit(self.services.all_generators())
+        are brought up to date first where possible). With none, waits up to generator_wait_s
+        for one (the local launcher relaunches a dead generator; others may join)."""
+        live = self.publisher.admit(self.services.all_generators())
+        deadline = time.monotonic() + self.generator_wait_s
+        while not live and time.monotonic() < deadline:
+            time.sleep(0.5)
+            live = self.publisher.admit(self.services.all_generators())
+        return live
 
     def rewards(self) -> RewardRouter:
         """Routes by task to the live reward services, looked up again before every call (so a
         swapped service takes over at once), retrying a dead one's calls (loop/scoring.py)."""
         return RewardRouter(self.services.reward_clients(), refresh=self.services.reward_clients,
-                            on_failure=self.services.reward_failed, log=self.log)
+                            on_failure=self.services.reward_failed, log=self.log, on_time=self._add_reward_time)
+
+    def _add_reward_time(self, seconds: float) -> None:
+        self.reward_seconds += seconds
 
     def release_generators(self) -> None:
         """The rollouts are done and the trainer's work begins: colocated GPU generators sleep."""
@@ -69,5 +92,39 @@ class LoopContext:
                 version: int | None = None) -> PublishReport:
         """Publish the trainer's weights to `generators` (default: every live one) as `version`
         (default: the next), waking sleeping generators around it."""
+        self.wait_published()
         targets = self.services.all_generators() if generators is None else list(generators)
         return self.phases.publish(lambda: self.publisher.publish(targets, version=version))
+
+    def publish_detached(self, on_published: Callable[[], None]) -> int:
+        """Async GRPO: publish the next version with the trainer's part detached. Returns (the
+        version) once the trainer holds its copy and may train on; the generators get it in the
+        background, then `on_published()` runs. Publishes run one at a time, in order; an error
+        is raised by the next publish or wait_published()."""
+        self._raise_failed_publish()
+        version = max(self.publisher.version, self._last_detached) + 1
+        self._last_detached = version
+        trainer_done = threading.Event()
+
+        def publish() -> None:
+            self.publisher.publish(self.services.all_generators(), version=version, trainer_done=trainer_done)
+            on_published()
+
+        self._detached.append(self._publishing.submit(publish))
+        trainer_done.wait()
+        return version
+
+    def wait_published(self) -> None:
+        """Wait for the detached publishes in flight; raise the first one's error."""
+        while self._detached:
+            self._detached[0].exception()  # waits
+            self._raise_failed_publish()
+            if self._detached and self._detached[0].done():
+                self._detached.pop(0)
+
+    def _raise_failed_publish(self) -> None:
+        done = [f for f in self._detached if f.done()]
+        self._detached = [f for f in self._detached if not f.done()]
+        for future in done:
+            if future.exception() is not None:
+                raise future.exception()

@@ -26,7 +26,10 @@ class RewardRouter:
     def __init__(self, clients_by_task: dict[str, object], *, refresh: Callable[[], dict[str, object]] | None = None,
                  on_failure: Callable[[object, Exception], None] | None = None, log=None,
                  initial_backoff_s: float = 0.25, max_backoff_s: float = 4.0, retry_deadline_s: float = 30.0,
-                 pause_log_period_s: float = 30.0, sleep: Callable[[float], None] = time.sleep):
+                 pause_log_period_s: float = 30.0, sleep: Callable[[float], None] = time.sleep,
+                 on_time: Callable[[float], None] | None = None):
+        """on_time(seconds): told how long each score/step call took (the run's reward time)."""
+        self._on_time = on_time or (lambda seconds: None)
         self._clients = clients_by_task
         self._refresh = refresh
         self._on_failure = on_failure or (lambda client, exc: None)
@@ -46,6 +49,13 @@ class RewardRouter:
         return self._route(items, lambda client, part: client.step(part))
 
     def _route(self, items: list, call: Callable[[object, list], list]) -> list:
+        started = time.perf_counter()
+        try:
+            return self._route_by_task(items, call)
+        finally:
+            self._on_time(time.perf_counter() - started)
+
+    def _route_by_task(self, items: list, call: Callable[[object, list], list]) -> list:
         by_task: dict[str, list[int]] = defaultdict(list)
         for index, item in enumerate(items):
             by_task[item.task].append(index)

@@ -1,6 +1,9 @@
 """What every run has, whatever its algorithm: its directory and log, the status the
-coordinator's server reports, metrics, per-phase timings, the services it started (stopped at
-the end, on an error and on Ctrl-C), the progress of its step loops, and summary.json."""
+coordinator's server reports, metrics (and the W&B / MLflow / TensorBoard sinks), per-phase
+timings, the services it started (stopped at the end, on an error and on Ctrl-C; services
+started by someone else, `cluster.launch: external`, are told the run is over), the progress of
+its start-up and step loops (progress.py: bars in a terminal, timestamped lines elsewhere),
+validations with their sample generations, and summary.json."""
 
 from __future__ import annotations
 
@@ -11,15 +14,21 @@ from contextlib import contextmanager
 
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 
+from coordinator.cluster.dismiss import dismiss_services
 from coordinator.cluster.local import HostedService, LocalCluster
 from coordinator.cluster.services import Services
 from coordinator.cluster.status import RunStatus
 from coordinator.config import ExperimentConfig
 from coordinator.run.metrics import MetricsLog
 from coordinator.run.paths import make_run_dir, run_token
+from coordinator.run.progress import RunProgress
+from coordinator.run.startup import describe_startup
 from tandem.logs import file_logger
+
+DISMISS_TIMEOUT_S = 30.0
+"""How long a run that ends waits for the services it did not start to drain and leave."""
 
 
 class RunBase:
@@ -27,33 +36,65 @@ class RunBase:
         self.cfg = cfg
         self.hosted = hosted  # in-process services (the Python API's reward_fn), see LocalCluster
         self.console = console or Console(stderr=True)
+        self.progress = RunProgress(self.console)
         self.run_dir = make_run_dir(cfg)
         self._log_file = open(self.run_dir / "logs" / "coordinator.log", "a")
         self.log = file_logger("coordinator", self._log_file).bind(run_id=self.run_dir.name)
         self.status = RunStatus(self.run_dir.name)
-        self.metrics = MetricsLog(self.run_dir, cfg.logger.tensorboard_enabled)
+        self.metrics = MetricsLog(self.run_dir, cfg.logger, self.run_dir.name, on_sink_error=self._sink_failed)
         self.timings: dict[str, float] = {}
+        self.last_validation: dict[str, float] = {}
+        """The metrics of the latest held-out check."""
         self._started = time.perf_counter()
+
+    def _sink_failed(self, name: str, exc: Exception) -> None:
+        self.log.warning("metric_sink_dropped", sink=name, error=f"{type(exc).__name__}: {exc}"[:500])
+        self.progress.note(f"[yellow]{name} failed and is no longer written ({type(exc).__name__}: {exc}); "
+                           "metrics.jsonl has every metric[/]")
 
     def _begin(self, title: str) -> None:
         self._started = time.perf_counter()
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
-        self.console.print(f"[bold]{title}[/] {self.run_dir}")
+        resolved = self.cfg.model_dump(mode="json")
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+        self.metrics.log_config(resolved)
+        self.progress.note(f"{title} {self.run_dir}")
 
     @contextmanager
-    def _services(self, model_dir: str, waiting_on: str, adopt: bool = False) -> Iterator[tuple[Services, LocalCluster]]:
-        """Start (or adopt) the run's services; every one is stopped when the block ends."""
-        cluster = LocalCluster(self.cfg, model_dir, self.run_dir, run_token(self.run_dir), self.log, self.status,
-                               self.hosted, adopt=adopt)
-        with self.console.status(f"starting {waiting_on}..."):
+    def _services(self, model_dir: str, waiting_on: str, adopt: bool = False,
+                  cluster_type: type[LocalCluster] = LocalCluster,
+                  meanwhile: Callable[[], object] | None = None) -> Iterator[tuple[Services, LocalCluster]]:
+        """Start (or adopt) the run's services, doing `meanwhile` while they boot; every one is
+        stopped when the block ends."""
+        cluster = cluster_type(self.cfg, model_dir, self.run_dir, run_token(self.run_dir), self.log, self.status,
+                               self.hosted, adopt=adopt, meanwhile=meanwhile,
+                               notify=lambda text: self.progress.note(f"[yellow]{escape(text)}[/]"))
+        verb = "waiting for" if self.cfg.cluster.launch == "external" else "starting"
+        trainer = cluster_type is LocalCluster
+
+        def describe() -> str:
+            return describe_startup(self.cfg, cluster.registry.live(), trainer=trainer)
+
+        with self.progress.waiting(f"{verb} {waiting_on}", describe):
             services = cluster.__enter__()  # stops whatever it started if start-up fails
         try:
             self.timings["startup_s"] = time.perf_counter() - self._started
-            self.console.print(f"services up in {self.timings['startup_s']:.1f}s")
+            self.progress.note(f"services up in {self.timings['startup_s']:.1f}s")
             yield services, cluster
         finally:
+            if self.cfg.cluster.launch == "external":  # started by someone else: they leave by themselves
+                dismiss_services(cluster.registry, DISMISS_TIMEOUT_S, self.log)
             cluster.close()
             self.metrics.close()
+
+    def _clock(self) -> tuple[float, float]:
+        """A phase's start, for _stop_clock."""
+        return time.perf_counter(), self.timings.get("val_s", 0.0)
+
+    def _stop_clock(self, name: str, clock: tuple[float, float]) -> None:
+        """timings[name] += the wall time since `clock`, without the validations in it (timings["val_s"])."""
+        started, validating = clock
+        spent = time.perf_counter() - started - (self.timings.get("val_s", 0.0) - validating)
+        self.timings[name] = self.timings.get(name, 0.0) + spent
 
     def _finish(self, summary: dict) -> dict:
         """Write summary.json (with wall time and per-phase timings), log the end, close the log."""
@@ -64,27 +105,48 @@ class RunBase:
         self._log_file.close()
         return summary
 
+    def _record_validation(self, phase: str, step: int, result: dict[str, float], seconds: float,
+                           samples: Sequence[dict] = ()) -> None:
+        """Log a held-out check (metrics at the phase's step, its first logger.num_val_samples_to_print
+        generations, its time in timings["val_s"]) and say it on the console."""
+        self.metrics.log(phase, step, result)
+        self.last_validation = dict(result)
+        self.metrics.log_samples(phase, step, list(samples[: self.cfg.logger.num_val_samples_to_print]))
+        self.timings["val_s"] = self.timings.get("val_s", 0.0) + seconds
+        self.log.info("validation", phase=phase, step=step, seconds=round(seconds, 3), **result)
+        of = {"sft_val": "SFT", "val": self.cfg.algorithm.value.upper()}.get(phase, phase)
+        count = f"{int(result['num_samples'])} samples, " if "num_samples" in result else ""
+        self.progress.note(f"held-out check at {of} step {step}: accuracy {result['accuracy']:.1%} ({count}{seconds:.1f}s)")
+
     def _loop(self, phase: str, num_steps: int, step_fn: Callable[[int], dict], check_alive: Callable[[], None],
-              stop: Callable[[dict], bool] = lambda metrics: False, first_step: int = 1) -> None:
-        """Run step_fn(step) for first_step..num_steps with a progress bar; log each step's metrics."""
-        self.status.update(phase=phase, step=0, total_steps=num_steps)
-        columns = [TextColumn(f"[bold]{phase:>4}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}")]
-        with Progress(*columns, console=self.console, transient=False) as progress:
-            task = progress.add_task("", total=num_steps, completed=first_step - 1)
-            for step in range(first_step, num_steps + 1):
+              stop: Callable[[dict], bool] = lambda metrics: False, first_step: int = 1,
+              counted: Callable[[int, dict], int] | None = None, total: int | None = None) -> None:
+        """Run step_fn(i) for i in first_step..num_steps with progress; log each row with its wall
+        time per step (`time_step_s`). counted(i, metrics): the phase's step after call i, when one
+        call runs several steps (SFT chunks); rows, status and progress count those, out of `total`."""
+        total = total or num_steps
+        done = first_step - 1 if counted is None else 0
+        self.status.update(phase=phase, step=done, total_steps=total)
+        with self.progress.phase(phase, total, completed=done) as bar:
+            for index in range(first_step, num_steps + 1):
                 check_alive()
                 self.status.update(phase=phase)
-                metrics = step_fn(step)
+                started = time.perf_counter()
+                metrics = step_fn(index)
+                step = counted(index, metrics) if counted is not None else index
+                metrics.setdefault("time_step_s", (time.perf_counter() - started) / max(step - done, 1))
+                done = step
                 self.metrics.log(phase, step, metrics)
                 self.status.update(step=step, last_metrics=metrics)
                 self.log.info("step", phase=phase, step=step, **{k: round(v, 5) for k, v in metrics.items()})
-                progress.update(task, advance=1, description=_describe(metrics))
-                if stop(metrics):
-                    progress.update(task, total=step)
+                finished = stop(metrics)
+                bar.update(step, _describe(metrics), total=step if finished else None)
+                if finished:
+                    self.status.update(total_steps=step)
                     break
 
 
 def _describe(metrics: dict[str, float]) -> str:
-    keys = [("loss", "loss"), ("reward_mean", "reward"), ("val_accuracy", "held-out acc"), ("kl", "kl")]
+    keys = [("loss", "loss"), ("reward_mean", "reward"), ("val_accuracy", "held-out acc"), ("kl", "kl"),
+            ("time_step_s", "s/step")]
     return "  ".join(f"{label} {metrics[key]:.3f}" for key, label in keys if key in metrics)

@@ -26,7 +26,7 @@ from coordinator.cluster.local import HostedService, LocalCluster
 from coordinator.cluster.recovery import trainer_dead
 from coordinator.cluster.services import Services
 from coordinator.config import ExperimentConfig
-from coordinator.data.examples import PromptCursor, read_jsonl
+from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import check_tasks_configured
@@ -34,6 +34,7 @@ from coordinator.loop.validation import validate
 from coordinator.run import checkpoint
 from coordinator.run import resume as resuming
 from coordinator.run.base import RunBase
+from coordinator.run.export import export_hf
 from coordinator.run.metrics import plot_curves
 from coordinator.run.paths import prepare_inputs
 from tandem.rpc import RpcFailure
@@ -56,34 +57,40 @@ class Run(RunBase):
         cfg = self.cfg
         self._begin("Tandem run")
         model_dir, train_path, val_path = prepare_inputs(cfg)
-        check_tasks_configured({str(p): {e.task for e in read_jsonl(p, cfg.data)} for p in (train_path, val_path) if p},
+        splits = [(train_path, cfg.data.train_split), *([(val_path, cfg.data.val_split)] if val_path else [])]
+        check_tasks_configured({str(p): dataset_tasks(p, cfg.data, split) for p, split in splits},
                                set(cfg.env))  # before any service starts
-        with self._services(model_dir, "services (trainer, generators, rewards)",
-                            adopt=self.resume_from is not None) as (services, cluster):
-            summary = self._phases(services, model_dir, train_path, val_path, cluster)
+        loaded: dict = {}
+
+        def read_data() -> None:  # while the services boot: the tokenizer, the prompts rendered and tokenized
+            tokens = Tokens(model_dir)
+            loaded.update(tokens=tokens, train=read_examples(train_path, cfg.data, tokens),
+                          val=read_examples(val_path, cfg.data, tokens, split=cfg.data.val_split) if val_path else [])
+
+        with self._services(model_dir, "services (trainer, generators, rewards)", adopt=self.resume_from is not None,
+                            meanwhile=read_data) as (services, cluster):
+            summary = self._phases(services, model_dir, loaded["tokens"], loaded["train"],
+                                   loaded["val"][: cfg.grpo.max_val_samples], cluster)
         return self._finish(summary)
 
-    def _phases(self, services: Services, model_dir: str, train_path: Path, val_path: Path | None,
+    def _phases(self, services: Services, model_dir: str, tokens: Tokens, train: list[Example], val: list[Example],
                 cluster: LocalCluster) -> dict:
         cfg, log, check_alive = self.cfg, self.log, cluster.launcher.check
-        tokens = Tokens(model_dir)
-        train = read_jsonl(train_path, cfg.data)
-        val = read_jsonl(val_path, cfg.data)[: cfg.grpo.max_val_samples] if val_path else []
         ctx = LoopContext.connect(cfg, services, tokens, train, cfg.sft.seed, log, versions=self.status.versions)
         resumed = self._resume(ctx) if self.resume_from is not None else None
 
         summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
-        clock = time.perf_counter()
+        clock = self._clock()
         accuracy_start = self._warm_start(ctx, val, check_alive) if cfg.sft.max_num_steps and not resumed else None
-        self.timings["sft_s"] = time.perf_counter() - clock
-        clock = time.perf_counter()
+        self._stop_clock("sft_s", clock)
+        clock = self._clock()
         if resumed is not None:
             accuracy_start = resumed.accuracy_before
         elif accuracy_start is None and val:
             ctx.publish()
             accuracy_start = self._validate(ctx, val, step=0)
         elif accuracy_start is not None:
-            self.metrics.log("val", 0, {"accuracy": accuracy_start})  # GRPO's starting point, for the plot
+            self.metrics.log("val", 0, dict(self.last_validation))  # GRPO's starting point: the last SFT check
         summary["accuracy_before"] = self.accuracy_before = accuracy_start
         ctx.cursor = PromptCursor(train, cfg.grpo.seed)
         if resumed is not None:
@@ -91,12 +98,14 @@ class Run(RunBase):
         if cfg.grpo.max_num_steps:
             self._grpo(ctx, train, val, cluster, first_step=resumed.step + 1 if resumed else 1)
         accuracy_end = self._validate(ctx, val, step=cfg.grpo.max_num_steps) if val else None
-        self.timings["grpo_s"] = time.perf_counter() - clock
+        self._stop_clock("grpo_s", clock)
         summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
                        samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
                        weight_version=ctx.publisher.version)
+        exported = export_hf(ctx.services.trainer, self.run_dir / "hf", self.log)  # the trained model, for anyone
+        summary.update(hf=str(exported.path), hf_export_s=exported.seconds)
         if cfg.logger.plot_enabled:
-            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png"))
+            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png", self.run_dir.name))
         return summary
 
     def _grpo(self, ctx: LoopContext, train, val, cluster: LocalCluster, first_step: int) -> None:
@@ -106,10 +115,15 @@ class Run(RunBase):
         cfg, rollouts = self.cfg, grpo_pipeline(ctx)
 
         def step_fn(step: int) -> dict:
+            rewarding = ctx.reward_seconds  # async: reward calls of the batches rolled out meanwhile count too
             metrics = grpo_step(ctx, step, rollouts)
+            metrics["time_reward_s"] = ctx.reward_seconds - rewarding
             if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
+                ctx.wait_published()  # async: validate the step's own weights
                 metrics["val_accuracy"] = self._validate(ctx, val, step)
+            metrics["service_restarts"] = float(sum(cluster.launcher.restarts.values()))
             if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
+                ctx.wait_published()  # the checkpoint records the version the generators serve
                 self._checkpoint(ctx, step, metrics, rollouts.cursor_after(step))
             return metrics
 
@@ -118,9 +132,11 @@ class Run(RunBase):
             rollouts.start(first_step, cfg.grpo.max_num_steps)
             try:
                 self._loop("grpo", cfg.grpo.max_num_steps, step_fn, cluster.launcher.check, first_step=first_step)
+                ctx.wait_published()
                 return
             except Exception as exc:
-                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher):
+                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher,
+                                                                                      exc):
                     raise
                 restarts += 1
                 rollouts.stop()
@@ -164,7 +180,7 @@ class Run(RunBase):
             done += size
             ctx.publish()
             if val:
-                accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=0, phase="sft_val")
+                accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=done, phase="sft_val")
             metrics["sft_steps"] = float(done)
             metrics["weight_version"] = float(ctx.publisher.version)
             return metrics
@@ -172,16 +188,17 @@ class Run(RunBase):
         def finished(metrics: dict) -> bool:
             return cfg.stop_at_accuracy is not None and metrics.get("val_accuracy", 0.0) >= cfg.stop_at_accuracy
 
-        self._loop("sft", chunks, chunk, check_alive, stop=finished)
+        self._loop("sft", chunks, chunk, check_alive, stop=finished, counted=lambda _, m: int(m["sft_steps"]),
+                   total=cfg.max_num_steps)
         self.sft_steps = done
         self.log.info("warm_start_done", sft_steps=done, accuracy=accuracy)
         return accuracy
 
     def _validate(self, ctx: LoopContext, val, step: int, phase: str = "val") -> float:
         self.status.update(phase="validate")
-        result = validate(ctx, val, self.cfg.policy.generation.max_new_tokens)
-        self.metrics.log(phase, step, result)
-        self.log.info("validation", step=step, **result)
+        started, samples = time.perf_counter(), []
+        result = validate(ctx, val, self.cfg.policy.generation.max_new_tokens, samples=samples)
+        self._record_validation(phase, step, result, time.perf_counter() - started, samples)
         return result["accuracy"]
 
     def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
@@ -193,8 +210,10 @@ class Run(RunBase):
                                    sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
                                    rng=resuming.capture_rng())
         started = time.perf_counter()
-        checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log)
+        checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log,
+                        save_hf=self.cfg.checkpointing.save_hf)
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + time.perf_counter() - started
+        self.progress.note(f"checkpoint at GRPO step {step} ({time.perf_counter() - started:.1f}s)")
 
     def _resume(self, ctx: LoopContext) -> resuming.LoopState:
         """Continue from the checkpoint found at start (see _restore)."""

@@ -1,6 +1,6 @@
 """A DPO or reward-model run in local mode: only the trainer is launched (no generator, no
 reward service); each step is one optimizer step on policy.train_global_batch_size preference
-pairs; the trained model is exported as an HF checkpoint into <run>/hf_checkpoint (for RM, what
+pairs; the trained model is exported as an HF checkpoint into <run>/hf (for RM, what
 reward_svc's reward_model scorer serves). Everything else (run dir, logs, metrics.jsonl,
 tensorboard, summary.json, stopping what was started) is as in `coordinator.run.Run`.
 Loop checkpoints and --resume are GRPO-only for now.
@@ -24,6 +24,8 @@ from coordinator.data.examples import PromptCursor
 from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
 from coordinator.run.base import RunBase
+from coordinator.run.export import export_hf
+from coordinator.run.metrics import plot_curves
 from coordinator.run.paths import prepare_inputs
 from trainer_svc.client import TrainerClient
 
@@ -63,7 +65,7 @@ class PreferenceRun(RunBase):
             if cfg.dpo.val_at_start:
                 summary["val_accuracy_before"] = self._validate_pairs(validator, 0)
         step_fn = dpo_step if cfg.algorithm is Algorithm.DPO else rm_step
-        clock = time.perf_counter()
+        clock = self._clock()
 
         def run_step(step: int) -> dict:
             metrics = step_fn(ctx)
@@ -73,15 +75,17 @@ class PreferenceRun(RunBase):
             return metrics
 
         self._loop(phase, num_steps, run_step, check_alive)
-        self.timings[f"{phase}_s"] = time.perf_counter() - clock
+        self._stop_clock(f"{phase}_s", clock)
         if validator is not None:
             summary["val_accuracy_after"] = self._validate_pairs(validator, num_steps)
         rows = [row for row in self.metrics.history if row.get("phase") == phase]
         summary["train_accuracy_first"] = rows[0].get("accuracy") if rows else None
         summary["train_accuracy_last"] = rows[-1].get("accuracy") if rows else None
-        export = self.run_dir / "hf_checkpoint"
-        trainer.export_hf(str(export))
-        summary["hf_checkpoint"] = str(export)
+        exported = export_hf(trainer, self.run_dir / "hf", self.log)
+        export = exported.path
+        summary.update(hf=str(export), hf_export_s=exported.seconds)
+        if cfg.logger.plot_enabled:
+            summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png", self.run_dir.name))
         self.console.print(f"exported the trained {'reward model' if phase == 'rm' else 'policy'} to {export}")
         if "val_accuracy_before" in summary:
             self.console.print(f"[bold]held-out reward accuracy: {summary['val_accuracy_before']:.1%} -> "
@@ -93,7 +97,7 @@ class PreferenceRun(RunBase):
 
     def _validate_pairs(self, validator: DpoValidator, step: int) -> float:
         self.status.update(phase="validate")
+        started = time.perf_counter()
         result = validator()
-        self.metrics.log("val", step, result)
-        self.log.info("validation", step=step, **result)
+        self._record_validation("val", step, result, time.perf_counter() - started)
         return result["accuracy"]

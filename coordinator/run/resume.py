@@ -27,6 +27,10 @@ class NothingToResume(ValueError):
     """`--resume` was asked for a run that has no complete checkpoint."""
 
 
+class RunFinished(NothingToResume):
+    """`--resume` was asked for a run that finished all the GRPO steps the config asks for."""
+
+
 @dataclass
 class LoopState:
     step: int
@@ -88,7 +92,22 @@ def find_for(cfg) -> tuple[Path, LoopState]:
     if not cfg.logger.run_name:
         raise NothingToResume("--resume needs logger.run_name: the run to resume is <logger.log_dir>/<run_name>")
     run_dir = Path(cfg.logger.log_dir).resolve() / cfg.logger.run_name
+    done = _finished_steps(run_dir / "summary.json")
+    if done is not None and done >= cfg.grpo.max_num_steps:
+        raise RunFinished(f"run {cfg.logger.run_name} has finished its {done} GRPO steps "
+                          f"({run_dir / 'summary.json'}): there is nothing to resume, and nothing was changed. To "
+                          f"train it further, raise grpo.max_num_steps above {done} and resume again")
     return find(checkpoint_root(cfg.checkpointing.checkpoint_dir, run_dir))
+
+
+def _finished_steps(summary: Path) -> int | None:
+    """The GRPO steps a finished run did (its summary.json), None if it did not finish."""
+    try:
+        return int(json.loads(summary.read_text()).get("grpo_steps", 0))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0  # a summary that cannot be read: finished, with nothing known to extend
 
 
 def find_unfinished(cfg) -> tuple[Path, LoopState] | None:

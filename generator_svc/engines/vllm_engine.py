@@ -15,6 +15,13 @@ step with the version current in the engine, so each completion reports the vers
 that sampled it. If applying fails half-way, the weights are no known version: the
 engine stays paused and reports `serving = False` until a later receive succeeds.
 
+In-flight updates (`in_flight_weight_updates`, async GRPO): the swap does not wait for the
+calls in flight. vLLM freezes their requests (pause mode "keep"), the version is applied, and
+they go on under it: with `recompute_kv_cache_after_weight_updates` their KV cache is dropped
+(they are preempted and recomputed under the new weights), else they keep the old weights' KV
+and prefix caching is off (no new request may reuse KV of old weights). vLLM labels each output
+step with the version then current; a completion reports the oldest it saw.
+
 Sleep (colocated on a GPU, engines/sleep.py): the engine starts in vLLM's sleep mode; `sleep`
 waits for the calls in flight like a swap does, then releases the weights and KV cache; while
 anything sleeps Generate is refused, and a version may be loaded once the weights are woken
@@ -45,6 +52,8 @@ from tandem.rpc import FailedPrecondition
 from tandem.weight_source import CollectiveSource, WeightSource, source_to_json
 
 WORKER_EXTENSION = "generator_svc.worker_extension.TandemWeightExtension"
+MAX_SAMPLES_PER_REQUEST = 1 << 16
+"""prompts x n of one Generate call: a larger request is refused, not queued for hours."""
 _RPC_MARGIN_S = 30.0  # on top of the collective's own per-operation timeouts
 
 
@@ -64,6 +73,10 @@ class VllmEngine:
         self._gate = SwapGate()
         self._draining = False
         self._sleep = SleepState(sleep_mode)
+        self._apply_swap = self._apply_in_flight if settings.in_flight_weight_updates else self._apply_drained
+        self.vocab_size: int | None = None
+        """Token ids a prompt may hold are below this (None: not checked); an id outside the
+        vocabulary would crash vLLM's engine process, not just the request."""
 
     @classmethod
     async def start(cls, settings: GeneratorSettings, log: Any) -> VllmEngine:
@@ -77,6 +90,7 @@ class VllmEngine:
         if settings.pipeline_parallel_size > 1:
             await llm.collective_rpc(PREPARE_PIPELINE)
         engine = cls(llm, settings, engine_name, log, sleep_mode=sleep_mode)
+        engine.vocab_size = llm.model_config.get_vocab_size()
         await engine._warm_up()
         log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1))
         return engine
@@ -129,9 +143,15 @@ class VllmEngine:
 
     def _check_lengths(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> None:
         limit = self._settings.max_model_len
+        if len(prompts) * sampling.n > MAX_SAMPLES_PER_REQUEST:
+            raise ValueError(f"{len(prompts)} prompts x n={sampling.n} is more than {MAX_SAMPLES_PER_REQUEST} samples "
+                             "in one request; split it")
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompt {i} is empty (prompts are token ids with BOS)")
+            if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt):
+                bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
+                raise ValueError(f"prompt {i} holds token id {bad}, outside the vocabulary (0..{self.vocab_size - 1})")
             if len(prompt) + sampling.max_tokens > limit:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; with max_tokens={sampling.max_tokens} "
                                  f"it exceeds max_model_len={limit}")
@@ -142,10 +162,13 @@ class VllmEngine:
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(
-            n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
-            max_tokens=sampling.max_tokens, seed=sampling.sample_seed(prompt_index, sample_index),
-            logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        try:  # vLLM's own checks of the request (e.g. temperature in [0, 2]) are the caller's mistakes
+            params = SamplingParams(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
+                max_tokens=sampling.max_tokens, seed=sampling.sample_seed(prompt_index, sample_index),
+                logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        except VLLMClientError as exc:
+            raise ValueError(f"prompt {prompt_index}: {exc}") from exc
         self._num_running += 1
         final = None
         try:
@@ -171,15 +194,25 @@ class VllmEngine:
             # Receive first, while calls in flight go on (the worker stalls them only while the
             # bytes arrive): the trainer is not kept waiting for them to drain.
             await stage()
-            async with self._gate.swap():  # calls in flight finish on the old weights; new ones wait
-                if self._sleep.asleep:  # the KV cache sleeps: the sleep paused the scheduler, the last wake-up resumes it
-                    await self._apply(version, log)
-                else:
-                    await self._llm.pause_generation(mode="wait", clear_cache=True)
-                    await self._apply(version, log)  # on failure it raises and generation stays paused
-                    await self._llm.resume_generation()
+            await self._apply_swap(version, log)
             self._sleep.loaded()
             return self._version
+
+    async def _apply_drained(self, version: int, log: Any) -> None:
+        async with self._gate.swap():  # calls in flight finish on the old weights; new ones wait
+            if self._sleep.asleep:  # the KV cache sleeps: the sleep paused the scheduler, the last wake-up resumes it
+                await self._apply(version, log)
+            else:
+                await self._llm.pause_generation(mode="wait", clear_cache=True)
+                await self._apply(version, log)  # on failure it raises and generation stays paused
+                await self._llm.resume_generation()
+
+    async def _apply_in_flight(self, version: int, log: Any) -> None:
+        """The requests in flight frozen while the version is applied (see the module docstring)."""
+        recompute = self._settings.recompute_kv_cache_after_weight_updates
+        await self._llm.pause_generation(mode="keep", clear_cache=recompute)  # clear_cache: preempt and recompute
+        await self._apply(version, log, in_flight=self._num_running)  # on failure it raises and generation stays paused
+        await self._llm.resume_generation()
 
     async def sleep(self, level: int) -> tuple[MemoryKind, ...]:
         self._sleep.check_sleep(level)
@@ -215,18 +248,18 @@ class VllmEngine:
                                   f"{exc}") from exc
         log.info("weights_staged", tensors=counts[0], seconds=round(time.monotonic() - started, 3))
 
-    async def _apply(self, version: int, log: Any) -> None:
-        """Swap the staged version in (generation is paused)."""
+    async def _apply(self, version: int, log: Any, in_flight: int = 0) -> None:
+        """Swap the staged version in (generation is paused; `in_flight` requests frozen in it)."""
         try:
             await self._llm.collective_rpc(APPLY, args=(version,))
-            await self._llm.reset_prefix_cache()
+            await self._llm.reset_prefix_cache()  # refused (False) while frozen requests hold KV blocks
             await self._llm.engine_core.set_weight_version_async(str(version))
         except Exception:
             self._serving = False
             log.error("weights_apply_failed_not_serving", exc_info=True)
             raise
         self._version, self._serving = version, True
-        log.info("weights_swapped")
+        log.info("weights_swapped", in_flight=in_flight)
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new calls; wait up to timeout_s for the calls and weight swap in flight.
@@ -269,5 +302,8 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool]:
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
         distributed_executor_backend=settings.distributed_executor_backend,
         tensor_parallel_size=settings.tensor_parallel_size, pipeline_parallel_size=settings.pipeline_parallel_size,
-        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory)
+        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory,
+        # in-flight updates keeping stale KV: no prefix cache, or new requests would reuse that KV
+        **({"enable_prefix_caching": False} if settings.in_flight_weight_updates
+           and not settings.recompute_kv_cache_after_weight_updates else {}))
     return AsyncLLM.from_engine_args(args), f"vllm {vllm.__version__}", memory.get("enable_sleep_mode", False)

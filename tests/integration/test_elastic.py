@@ -30,7 +30,7 @@ from coordinator.cluster.launcher import ServiceSpec, python_module
 from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -105,6 +105,7 @@ def flow(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
     cfg = load_config(overrides=[
         "cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
+        "cluster.max_service_restarts=0",  # the test replaces the generators it kills itself
         "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=24"])  # a kill lands mid-rollout
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
@@ -113,7 +114,8 @@ def flow(tmp_path_factory):
     log = structlog.get_logger()
     cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
     with cluster as services:
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log,
+        tokens = Tokens(model_dir)
+        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log,
                                   op_timeout_s=10.0)
         yield ctx, cluster, Pool(ctx, cluster), {"steps": 0, "samples": 0}
 

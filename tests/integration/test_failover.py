@@ -23,7 +23,7 @@ from coordinator.cluster.launcher import ServiceSpec, python_module
 from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -39,7 +39,7 @@ def loop(tmp_path_factory):
     root = tmp_path_factory.mktemp("failover")
     cfg = load_config(overrides=[
         "cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
-        "logger.tensorboard_enabled=false",
+        "logger.tensorboard_enabled=false", "cluster.max_service_restarts=0",  # the survivors take the work
         "policy.generation.max_new_tokens=24"])  # long enough that a kill lands mid-rollout
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
@@ -48,7 +48,8 @@ def loop(tmp_path_factory):
     log = structlog.get_logger()
     cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
     with cluster as services:
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log,
+        tokens = Tokens(model_dir)
+        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log,
                                   op_timeout_s=10.0)
         yield ctx, cluster
 

@@ -8,11 +8,11 @@ import math
 import pytest
 import structlog
 
-from coordinator.algorithms.grpo import grpo_step
+from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
-from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.config import ConfigError, load_config
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -41,7 +41,8 @@ def loop(tmp_path_factory, request):
     log = structlog.get_logger()
     cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
     with cluster as services:
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
+        tokens = Tokens(model_dir)
+        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
         yield ctx, cluster
 
 
@@ -65,6 +66,42 @@ def test_sft_then_grpo_steps_complete_on_policy(loop):
         # on-policy: generator and trainer logprobs agree, so the multiplicative error is ~1
         assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
         assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+def test_async_grpo_trains_off_policy_within_the_age_bound(loop, tmp_path):
+    """Async GRPO on the same services: the producer runs a batch ahead, every trained group is at
+    most one version old (and some are exactly one: it did overlap), each step records the
+    versions, and the importance weights correct the off-policy groups (they move off 1)."""
+    ctx, _ = loop
+    overrides = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
+                 "cluster.num_generators=2", "cluster.trainer_ranks=2", "policy.train_micro_batch_size=32",
+                 f"policy.generation.colocated.enabled={str(ctx.cfg.policy.generation.colocated.enabled).lower()}"]
+    if ctx.cfg.policy.generation.colocated.enabled:
+        with pytest.raises(ConfigError, match="colocated.enabled: false"):
+            load_config(overrides=overrides)
+        return
+    cfg = load_config(overrides=overrides)
+    examples = read_examples(ensure_arithmetic_dataset(tmp_path, 1, 500, 16)[0], cfg.data, ctx.tokens)
+    actx = LoopContext.connect(cfg, ctx.services, ctx.tokens, examples, 0, structlog.get_logger(),
+                               versions=ctx.publisher.versions)
+    rollouts = grpo_pipeline(actx)
+    rollouts.start(1, 4)
+    try:
+        rows = []
+        for step in range(1, 5):
+            published_before = actx.publisher.version
+            rows.append((published_before, grpo_step(actx, step, rollouts)))
+    finally:
+        rollouts.stop()
+    for published_before, m in rows:
+        assert m["num_samples"] == 16 * 8 and m["stale_groups_dropped"] == 0.0
+        assert 0 <= m["trajectory_age_max"] <= 1
+        assert m["generation_weight_version"] == published_before - m["trajectory_age_max"]  # recorded per sample
+        assert m["weight_version"] == published_before + 1
+    off_policy = [m for _, m in rows if m["trajectory_age_max"] == 1]
+    assert off_policy, "the producer never ran ahead"
+    assert all(abs(m["importance_weight_mean"] - 1.0) > 1e-4 and m["token_mult_prob_error"] > 1.0 + 1e-4
+               for m in off_policy)  # exp(prev - gen) corrects for the weights that moved on
 
 
 def test_weight_push_reaches_every_generator_exactly(loop):

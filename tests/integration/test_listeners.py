@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -117,7 +117,8 @@ def run(tmp_path_factory):
     (run_dir / "logs").mkdir(parents=True)
     log = structlog.get_logger()
     with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
+        tokens = Tokens(model_dir)
+        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
         assert ctx.publish().epoch >= 0  # the weight-sync group of trainer rank 0 and the generator exists
         yield ctx, _run_listeners()
 

@@ -17,7 +17,7 @@ from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -50,7 +50,8 @@ def ctx(request, tmp_path_factory):
         (run_dir / "logs").mkdir(parents=True)
         log = structlog.get_logger()
         with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-            yield LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
+            tokens = Tokens(model_dir)
+            yield LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
 
 
 def test_the_trainer_is_the_only_generator(ctx):
@@ -125,3 +126,6 @@ def test_a_grpo_run_completes_with_the_megatron_recipe(tmp_path, monkeypatch):
     assert [r["weight_version"] for r in grpo] == sorted({r["weight_version"] for r in grpo})  # one publish a step
     assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
     assert not list((Path(summary["run_dir"]) / "services").glob("generator-*.json"))  # no generator service
+    from tests.integration.test_recipes import assert_exported_model_generates
+
+    assert_exported_model_generates(summary)  # the Megatron model exported under HF names

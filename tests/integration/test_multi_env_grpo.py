@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import structlog
@@ -19,7 +20,7 @@ from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data.examples import Example, PromptCursor, read_jsonl
+from coordinator.data.examples import PromptCursor, read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import make_arithmetic_splits, write_jsonl
 from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -46,6 +47,7 @@ def loop(tmp_path_factory):
     cfg = load_config(raw={"env": {"arithmetic": {"scorer": "exact"}, "calc": {"scorer": "calculator", "max_turns": 3}}},
                       overrides=["cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
                                  "logger.tensorboard_enabled=false", "data.dataset_name=jsonl",
+                                 "data.default_task=arithmetic",
                                  f"data.train_path={train_path}", "grpo.num_prompts_per_step=8",
                                  "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=32",
                                  "policy.train_micro_batch_size=32"])
@@ -55,10 +57,11 @@ def loop(tmp_path_factory):
     log = structlog.get_logger()
     cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
     with cluster as services:
-        examples = read_jsonl(train_path, cfg.data)
+        tokens = Tokens(model_dir)
+        examples = read_examples(train_path, cfg.data, tokens)
         # SFT: "calc ..." -> "?" (call the tool), plain prompts -> their answer
-        warm = [Example(e.prompt, "?" if e.task == "calc" else e.answer, e.task) for e in examples]
-        ctx = LoopContext.connect(cfg, services, Tokens(model_dir), warm, 0, log)
+        warm = [replace(e, answer="?" if e.task == "calc" else e.answer) for e in examples]
+        ctx = LoopContext.connect(cfg, services, tokens, warm, 0, log)
         for _ in range(3):
             sft_steps(ctx, 20)
         ctx.publish()
@@ -71,7 +74,7 @@ def loop(tmp_path_factory):
 def test_calculator_episodes_take_several_turns_on_real_services(loop):
     ctx, _, _ = loop
     batch = [e for e in ctx.cursor._examples if e.task == "calc"][:8]
-    prompts = [ctx.tokens.prompt(e.prompt) for e in batch]
+    prompts = [list(e.prompt_ids) for e in batch]
     groups = collect_episodes(ctx, batch, prompts, SamplingConfig(n=4, temperature=1.0, max_tokens=4, seed=3))
     multi = [(e, ex) for group, ex in zip(groups, batch) for e in group if e.num_turns >= 2]
     assert len(multi) >= 8, [e.num_turns for g in groups for e in g]

@@ -54,6 +54,18 @@ def _rows(summary: dict, phase: str) -> list[dict]:
     return [row for row in summary["metrics"] if row["phase"] == phase]
 
 
+def assert_exported_model_generates(summary: dict) -> None:
+    """The run's <run>/hf export loads with transformers and generates (every recipe ends with one)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = Path(summary["hf"])
+    assert export == Path(summary["run_dir"]) / "hf" and not list(export.parent.glob(".hf.partial-*"))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
+    ids = tokenizer("12+34=", return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
 def test_dpo_recipe_raises_reward_accuracy(tmp_path, monkeypatch, home):
     summary = _run("dpo", tmp_path, monkeypatch, home, **{"dpo.max_num_steps": 6, "dpo.val_period": 3,
                                                           "dpo.max_val_samples": 32})
@@ -63,7 +75,7 @@ def test_dpo_recipe_raises_reward_accuracy(tmp_path, monkeypatch, home):
     assert min(r["accuracy"] for r in rows[-2:]) >= 0.75, [r["accuracy"] for r in rows]  # measured: 1.0 from step 3
     assert rows[-1]["reward_margin"] > rows[1]["reward_margin"] > 0
     assert summary["val_accuracy_before"] == 0.0 and summary["val_accuracy_after"] >= 0.75
-    assert (Path(summary["hf_checkpoint"]) / "model.safetensors").is_file()
+    assert_exported_model_generates(summary)
     assert not list((Path(summary["run_dir"]) / "services").glob("generator-*.json"))  # the trainer alone
 
 
@@ -75,7 +87,7 @@ def test_rm_recipe_trains_a_reward_model_that_reward_svc_serves(tmp_path, monkey
     assert min(accuracy[-3:]) >= 0.8 and sum(accuracy[-3:]) / 3 > accuracy[0], accuracy  # measured: 0.44 -> 1.0
     assert rows[-1]["loss"] < rows[0]["loss"]
 
-    checkpoint = Path(summary["hf_checkpoint"])
+    checkpoint = Path(summary["hf"])
     assert json.loads((checkpoint / "config.json").read_text())["architectures"] == ["LlamaForSequenceClassification"]
     held_out = [json.loads(line) for line in _val_pairs(home).read_text().splitlines()][:40]
     settings = tmp_path / "reward.json"
@@ -109,6 +121,9 @@ def test_grpo_recipe_warm_starts_then_runs_grpo_steps(tmp_path, monkeypatch, hom
     grpo = _rows(summary, "grpo")
     assert [r["step"] for r in grpo] == [1, 2] and all(r["num_samples"] == 16 for r in grpo)
     assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
+    assert_exported_model_generates(summary)
+    # vLLM's model-class inspection is cached across runs (else each start imports vLLM once more)
+    assert list((home / "vllm" / "vllm-cache" / "modelinfos").iterdir())
 
 
 def test_sft_recipe_trains_and_validates(tmp_path, monkeypatch, home):
@@ -117,6 +132,7 @@ def test_sft_recipe_trains_and_validates(tmp_path, monkeypatch, home):
     sft = _rows(summary, "sft")
     assert [r["sft_steps"] for r in sft] == [10.0, 20.0] and summary["grpo_steps"] == 0
     assert sft[-1]["loss"] < sft[0]["loss"] and "val_accuracy" in sft[-1]
+    assert_exported_model_generates(summary)
 
 
 def starts_with_a_digit(prompt: str, completion: str, answer: str) -> float:
@@ -139,6 +155,7 @@ def test_dapo_recipe_exercises_dynamic_sampling(tmp_path, monkeypatch, home):
     assert sum(r["dynamic_sampling_num_zero_variance_groups"] for r in grpo) > 0
     logged = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert any("dynamic_sampling_num_zero_variance_groups" in row for row in logged)
+    assert_exported_model_generates(summary)
 
 
 def test_lora_recipe_raises_the_reward(tmp_path, monkeypatch, home):

@@ -2,13 +2,21 @@
 `Run(cfg, resume=True)` (what `tandem run --resume` does) equal those of an uninterrupted
 run with the same seed, to 1e-6 (fp32, 2 trainer ranks over gloo, 1 vLLM generator).
 A short SFT warm start first, so that rewards vary and every GRPO step moves the policy;
-the resumed run must skip it (the checkpoint says the warm start is done)."""
+the resumed run must skip it (the checkpoint says the warm start is done).
+
+`tandem export` on the uninterrupted run: its last checkpoint, exported by a trainer started
+for it alone, holds exactly the weights the run exported at its end (<run>/hf)."""
 
 import io
 import json
+import os
+import subprocess
+import sys
 
 import pytest
+import torch
 from rich.console import Console
+from safetensors.torch import load_file
 
 from coordinator.config import load_config
 from coordinator.run.grpo_run import Run
@@ -71,3 +79,57 @@ def test_steps_after_a_resume_equal_an_uninterrupted_run(tmp_path, monkeypatch):
     assert resumed["weight_version"] == straight["weight_version"]
     assert resumed["sft_steps"] == straight["sft_steps"] == 60 and "warm_start_done" not in _events(tmp_path / "resumed", 2)
     assert "resume_s" in resumed["timings_s"] and "checkpoint_s" in straight["timings_s"]
+    _assert_export_of_the_last_checkpoint_is_the_runs_model(tmp_path / "straight", tmp_path / "home", tmp_path)
+
+
+def _tandem_export(*args: str, home) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TANDEM_HOME": str(home)}
+    env.pop("TANDEM_TOKEN", None)
+    return subprocess.run([sys.executable, "-m", "coordinator.cli.main", "export", *args], env=env, text=True, check=False,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+
+
+def _assert_export_of_the_last_checkpoint_is_the_runs_model(run_dir, home, tmp_path) -> None:
+    missing = _tandem_export(str(run_dir), str(tmp_path / "nope"), "--step", "3", home=home)
+    assert missing.returncode == 2 and "complete ones: [2, 4]" in missing.stdout and "Traceback" not in missing.stdout
+    for step in ("2", "4"):
+        done = _tandem_export(str(run_dir), str(tmp_path / f"export-{step}"), "--step", step, home=home)
+        assert done.returncode == 0, done.stdout
+    final, step4, step2 = (load_file(d / "model.safetensors")
+                           for d in (run_dir / "hf", tmp_path / "export-4", tmp_path / "export-2"))
+    assert final.keys() == step4.keys()
+    assert all(torch.equal(final[k], step4[k]) for k in final)
+    assert any(not torch.equal(step2[k], step4[k]) for k in step4)  # the step chosen is the one exported
+    assert not (run_dir / "exports").exists() or not any((run_dir / "exports").iterdir())
+
+
+def _async_cfg(root, steps: int):
+    return load_config(overrides=[
+        f"logger.log_dir={root}", "logger.run_name=async", "logger.tensorboard_enabled=false",
+        "logger.plot_enabled=false", "sft.max_num_steps=0", f"grpo.max_num_steps={steps}", "grpo.val_period=0",
+        "grpo.val_at_start=false", "grpo.max_val_samples=8", "checkpointing.save_period=2", "data.num_train=400",
+        "data.num_val=16", "cluster.num_generators=1", "grpo.async_grpo.enabled=true",
+        "grpo.async_grpo.max_trajectory_age_steps=1", "grpo.num_prompts_per_step=8",
+        "policy.train_global_batch_size=64", "policy.train_micro_batch_size=64"])
+
+
+def test_async_run_checkpoints_the_cursor_of_the_step_trained_and_resumes(tmp_path, monkeypatch):
+    """Async GRPO draws the next step's prompts before a checkpoint: the checkpoint keeps the
+    cursor after the step it trained, so a resume samples the prompts that were in flight again."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    console = Console(file=io.StringIO())
+    Run(_async_cfg(tmp_path, 2), console).execute()
+    run_dir = tmp_path / "async"
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "coordinator.json").read_text())
+    first = _grpo_rows(run_dir)
+    assert [r["stale_groups_dropped"] for r in first] == [0.0, 0.0]
+    assert state["cursor"] == {"epoch": 0, "position": 2 * 8}  # not the third batch's, drawn ahead
+    (run_dir / "summary.json").unlink()  # as if it had stopped there
+
+    resumed = Run(_async_cfg(tmp_path, 4), console, resume=True).execute()
+    rows = _grpo_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [(r["loss"], r["reward_mean"]) for r in rows[:2]] == [(r["loss"], r["reward_mean"]) for r in first]
+    assert all(r["trajectory_age_max"] <= 1 for r in rows) and "resume_s" in resumed["timings_s"]
+    assert [r["weight_version"] for r in rows] == sorted(r["weight_version"] for r in rows)
+    assert resumed["weight_version"] > state["weight_version"]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trainer_svc.config.lora import LoraSettings  # pydantic only
 from trainer_svc.config.megatron import MegatronSettings  # pydantic only: no torch, no megatron
+from trainer_svc.config.megatron import megatron_conversion_problem as megatron_conversion_problem
 
 
 class TrainingBackend(str, Enum):

@@ -9,7 +9,8 @@ recipe Megatron does not know, an FP8 key without `fp8_cfg.enabled`, ...).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -180,3 +181,17 @@ class MegatronSettings(_Strict):
         if granularity != "full":
             return granularity, None, None
         return granularity, self.recompute_method or "uniform", self.recompute_num_layers or 1
+
+
+def megatron_conversion_problem(hf_config: Mapping[str, Any]) -> str | None:
+    """Why the Megatron backend cannot convert a checkpoint with this config.json (None: it can):
+    the converter's own rule, asked before anything starts."""
+    from types import SimpleNamespace
+
+    from trainer_svc.config.arch import Arch
+
+    try:
+        Arch.from_hf_config(SimpleNamespace(**hf_config))
+    except (ValueError, AttributeError, KeyError, TypeError) as exc:
+        return str(exc)
+    return None

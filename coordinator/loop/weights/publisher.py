@@ -7,7 +7,9 @@ during the broadcast: the trainer notices through gloo's per-operation timeout o
 connection) is retried, with the receivers that still answer, after the transport is reset
 (a new weight-sync epoch); the dead are reported through `on_dead` (the registry drops them).
 At most `max_attempts` attempts, then `PublishError` naming each attempt's failure. A refusal
-of the request itself (RpcFailure.status.rejects_request) is raised at once.
+of the request itself (RpcFailure.status.rejects_request) is raised at once. With no live
+generator left (the only one died and is being relaunched), the publish records the version
+without sending it: the next generator to come is brought up to it by `admit`.
 
 Admission. Generators swap atomically (generator_svc), so none serves a half-received
 version; but one that missed a version (it joined late, or a publish to it failed) serves
@@ -15,10 +17,14 @@ old weights. `admit` keeps such a generator out of the rollout until it serves t
 version (the rule is coordinator.cluster.versions.WeightVersions'), bringing it up to date
 first (a publish of the current version to just the stale ones) when the trainer still holds
 exactly that version.
+
+Thread-safe: with async GRPO the rollout producer admits generators (and may catch one up)
+while the step loop publishes; publishes, catch-ups included, run one at a time.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,48 +51,69 @@ class WeightPublisher:
         self._health_timeout_s = health_timeout_s
         self._on_dead = on_dead
         self._trainer_step: int | None = None  # the trainer's global step when versions.version was sent
+        self._lock = threading.RLock()
 
     @property
     def version(self) -> int:
         return self.versions.version
 
-    def publish(self, generators: Sequence[GeneratorHandle], *, version: int | None = None) -> PublishReport:
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last weight-sync group formed (-1: none, or a transport without groups)."""
+        return self.transport.epoch
+
+    def publish(self, generators: Sequence[GeneratorHandle], *, version: int | None = None,
+                trainer_done: threading.Event | None = None) -> PublishReport:
         """Send the trainer's weights to `generators` as `version` (default: version+1). An
         explicit version re-labels nothing new: resume uses it to send the restored weights
-        under the version the checkpoint holds."""
-        target = self.version + 1 if version is None else version
-        if target < self.version:
-            raise ValueError(f"version {target} is older than the published version {self.version}")
-        report, acked = self._publish_with_retries(list(generators), target)
-        self.versions.published(target, acked)
-        self._trainer_step = self._trainer.info().global_step
-        return report
+        under the version the checkpoint holds. `trainer_done` (async GRPO): detach the trainer's
+        part and set the event once it may train on (retries resend the trainer's held copy)."""
+        with self._lock:
+            target = self.version + 1 if version is None else version
+            if target < self.version:
+                raise ValueError(f"version {target} is older than the published version {self.version}")
+            try:
+                report, acked = self._publish_with_retries(list(generators), target, trainer_done)
+            finally:
+                if trainer_done is not None:
+                    trainer_done.set()  # a publish that failed before reaching the trainer holds nobody up
+            self.versions.published(target, acked)
+            self._trainer_step = self._trainer.info().global_step
+            return report
 
     def admit(self, generators: Sequence[GeneratorHandle]) -> list[GeneratorHandle]:
         """The generators that serve the current version; stale ones are brought up to
         date first when that is safe (the trainer has not stepped since the last publish)."""
         stale = [g for g in generators if not self.versions.is_current(g.member_id)]
-        if stale and self._trainer_step is not None and self._trainer.info().global_step == self._trainer_step:
-            self._log.info("weights_catch_up", version=self.version, generators=[g.member_id for g in stale])
-            try:
-                _, acked = self._publish_with_retries(stale, self.version)
-                self.versions.caught_up(acked)
-            except PublishError as exc:
-                self._log.warning("weights_catch_up_failed", error=str(exc))
-        elif stale:
-            self._log.info("generators_not_admitted", version=self.version, generators=[g.member_id for g in stale])
+        if stale:
+            with self._lock:
+                self._catch_up([g for g in stale if not self.versions.is_current(g.member_id)])
         return [g for g in generators if self.versions.is_current(g.member_id)]
 
-    def _publish_with_retries(self, generators: list[GeneratorHandle], version: int) -> tuple[PublishReport, set[str]]:
+    def _catch_up(self, stale: list[GeneratorHandle]) -> None:
+        if not stale:
+            return
+        if self._trainer_step is None or self._trainer.info().global_step != self._trainer_step:
+            self._log.info("generators_not_admitted", version=self.version, generators=[g.member_id for g in stale])
+            return
+        self._log.info("weights_catch_up", version=self.version, generators=[g.member_id for g in stale])
+        try:
+            _, acked = self._publish_with_retries(stale, self.version)
+            self.versions.caught_up(acked)
+        except PublishError as exc:
+            self._log.warning("weights_catch_up_failed", error=str(exc))
+
+    def _publish_with_retries(self, generators: list[GeneratorHandle], version: int,
+                              trainer_done: threading.Event | None = None) -> tuple[PublishReport, set[str]]:
         errors: list[str] = []
         live = self._healthy(generators)
         for attempt in range(1, self._max_attempts + 1):
-            if not live:
-                raise PublishError(f"no live generator to publish version {version} to"
-                                   + (f"; earlier attempts: {'; '.join(errors)}" if errors else ""))
+            if not live:  # nobody to send to: the version stands, and `admit` catches up whoever comes next
+                self._log.warning("published_to_nobody", version=version, earlier_attempts=errors)
+                return PublishReport(version, self.transport.epoch, 0, 0, 0.0, attempt), set()
             started = time.perf_counter()
             try:
-                report = self.transport.send(live, version)
+                report = self.transport.send(live, version, trainer_done)
             except RpcFailure as exc:
                 if exc.status.rejects_request:
                     raise

@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,8 +34,8 @@ from typing import Protocol
 
 from coordinator.cluster.services import GeneratorHandle
 from tandem.colocation import WeightTransport as TransportKind
+from tandem.weight_plan import BucketPlan, GroupSpec
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource, WeightSource
-from tandem.weight_sync import BucketPlan, GroupSpec
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,11 @@ class PublishReport:
 
 
 class WeightTransport(Protocol):
-    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
-        """Make `generators` serve the trainer's current weights as `version`."""
+    def send(self, generators: Sequence[GeneratorHandle], version: int,
+             trainer_done: threading.Event | None = None) -> PublishReport:
+        """Make `generators` serve the trainer's current weights as `version`. With `trainer_done`
+        (async GRPO; the collective transport only) the trainer's part is detached: it holds a copy
+        and the event is set as soon as it may take further calls, while the bytes travel."""
 
     def reset(self) -> None:
         """Forget state a failed send may have spoiled (a group): the next send starts afresh."""
@@ -109,13 +113,22 @@ class CollectiveTransport:
             self._log.info("weight_sync_epoch", epoch=self._epoch, generators=list(member_ids))
         return GroupSpec(self._store_address, self._epoch, self._secret, 1 + len(member_ids), self._op_timeout_s)
 
-    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
+    def send(self, generators: Sequence[GeneratorHandle], version: int,
+             trainer_done: threading.Event | None = None) -> PublishReport:
         receivers = [g for g in generators if not g.shares_trainer_weights]
         group = self._group_for(tuple(g.member_id for g in receivers))
         timeout_s = self._op_timeout_s * (2 + len(self._plan.bucket_sizes_bytes))
         start = time.perf_counter()
+
+        def trainer_side():
+            try:
+                return self._trainer.publish_weights(group, version, detach=trainer_done is not None)
+            finally:
+                if trainer_done is not None:
+                    trainer_done.set()
+
         result = _load_all(receivers, lambda i: CollectiveSource(group, i + 1, self._plan), version, timeout_s,
-                           trainer_side=lambda: self._trainer.publish_weights(group, version))
+                           trainer_side=trainer_side)
         duration = time.perf_counter() - start
         self._log.info("weights_published", version=version, epoch=group.epoch, generators=len(generators),
                        bytes=result.bytes_sent, seconds=round(duration, 3))
@@ -131,7 +144,10 @@ class SharedMemoryTransport:
     def reset(self) -> None:
         pass  # every send writes a fresh directory
 
-    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
+    def send(self, generators: Sequence[GeneratorHandle], version: int,
+             trainer_done: threading.Event | None = None) -> PublishReport:
+        if trainer_done is not None:
+            raise ValueError("detached publishes need the weight-sync group (dedicated generators)")
         directory = self._directory / f"v{version}-{secrets.token_hex(4)}"
         start = time.perf_counter()
         try:
@@ -159,7 +175,10 @@ class CudaIpcTransport:
     def reset(self) -> None:
         pass  # every send exports afresh
 
-    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
+    def send(self, generators: Sequence[GeneratorHandle], version: int,
+             trainer_done: threading.Event | None = None) -> PublishReport:
+        if trainer_done is not None:
+            raise ValueError("detached publishes need the weight-sync group (dedicated generators)")
         start = time.perf_counter()
         export = self._trainer.export_cuda_ipc(version)
         try:

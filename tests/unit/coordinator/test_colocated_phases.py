@@ -54,7 +54,7 @@ class FakeTrainer:
         self.events.append(("trainer", "export_hf"))
         return 1
 
-    def publish_weights(self, group, version):
+    def publish_weights(self, group, version, detach=False):
         self.events.append(("trainer", "broadcast", version))
         return PublishResult(16, 1)
 
@@ -129,7 +129,7 @@ def _loop(monkeypatch, colocated, device_type, dies_on_sleep=False):
     events = []
     generators = [FakeGenerator("g0", events), FakeGenerator("g1", events, dies_on_sleep)]
     services = FakeServices(FakeTrainer(events, device_type), generators)
-    examples = [Example(f"q{i}", "a", "arithmetic") for i in range(8)]
+    examples = [Example(f"q{i}", "a", "arithmetic", (1, i)) for i in range(8)]
     ctx = LoopContext.connect(cfg, services, SimpleNamespace(prompt=lambda text: [1, 2]), examples, 0,
                               structlog.get_logger())
     return ctx, events, generators

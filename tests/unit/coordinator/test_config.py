@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_yaml_and_dotted_overrides(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("grpo:\n  max_num_steps: 7\nloss_fn:\n  ratio_clip_max: 0.28\n")
     cfg = load_config(path, ["grpo.max_num_steps=3", "policy.generation.temperature=0.5", "env.math.scorer=math",
-                                  "env.arithmetic.scorer=exact"])
+                                  "env.arithmetic.scorer=exact", "data.default_task=arithmetic"])
     assert cfg.grpo.max_num_steps == 3
     assert cfg.loss_fn.ratio_clip_max == 0.28
     assert cfg.policy.generation.temperature == 0.5
@@ -119,3 +120,46 @@ def test_megatron_refuses_what_only_dtensor_implements():
     recipes = Path(__file__).resolve().parents[3] / "examples" / "configs"
     with pytest.raises(ConfigError, match=r"dpo runs train on the DTensor backend only"):
         load_config(recipes / "dpo.yaml", ["policy.megatron_cfg.enabled=true"])
+
+
+def _checkpoint(tmp_path, context: int | None = 2048) -> str:
+    """A model directory as far as the config looks (its config.json)."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                      **({"max_position_embeddings": context} if context else {})}))
+    return str(tmp_path)
+
+
+def test_a_checkpoint_of_yours_gets_no_sft_warm_start_and_lengths_that_fit_it(tmp_path):
+    cfg = load_config(overrides=[f"policy.model_name={_checkpoint(tmp_path)}"])
+    assert (cfg.sft.max_num_steps, cfg.sft.lr, cfg.sft.stop_at_accuracy) == (0, None, None)
+    assert cfg.policy.max_total_sequence_length == 1024  # the model's 2048, capped
+    assert cfg.policy.generation.max_new_tokens == 512 and cfg.policy.generation.vllm_cfg.max_model_len == 1024
+    asked = load_config(overrides=[f"policy.model_name={tmp_path}", "sft.max_num_steps=30",
+                                   "policy.max_total_sequence_length=256"])
+    assert (asked.sft.max_num_steps, asked.sft.lr) == (30, None)  # the policy's own learning rate
+    assert asked.policy.generation.max_new_tokens == 128 and asked.policy.generation.vllm_cfg.max_model_len == 256
+
+
+def test_the_embedded_demo_keeps_its_warm_start_and_lengths():
+    cfg = load_config()
+    assert (cfg.sft.max_num_steps, cfg.sft.lr, cfg.sft.stop_at_accuracy) == (2000, 1e-3, 0.45)
+    assert (cfg.policy.max_total_sequence_length, cfg.policy.generation.max_new_tokens) == (64, 4)
+    assert cfg.policy.generation.vllm_cfg.max_model_len == 64
+    assert load_config(overrides=["sft.max_num_steps=0"]).sft.max_num_steps == 0
+
+
+def test_lengths_that_do_not_fit_name_the_keys(tmp_path):
+    with pytest.raises(ConfigError, match=r"max_new_tokens \(64\) leaves no room for a prompt"):
+        load_config(overrides=["policy.generation.max_new_tokens=64"])
+    with pytest.raises(ConfigError, match=r"vllm_cfg.max_model_len \(32\)"):
+        load_config(overrides=["policy.generation.max_new_tokens=40", "policy.generation.vllm_cfg.max_model_len=32"])
+    with pytest.raises(ConfigError, match=r"max_total_sequence_length \(4096\) exceeds the model's context length"):
+        load_config(overrides=[f"policy.model_name={_checkpoint(tmp_path)}", "policy.max_total_sequence_length=4096"])
+
+
+def test_default_task_is_the_one_env_or_must_be_named():
+    assert load_config(overrides=["env={math: {scorer: math}}"]).data.default_task == "math"
+    two = ["env.math.scorer=math", "env.arithmetic.scorer=exact"]
+    with pytest.raises(ConfigError, match=r"data.default_task is required with several env tasks \(arithmetic, math\)"):
+        load_config(overrides=two)
+    assert load_config(overrides=[*two, "data.default_task=math"]).data.default_task == "math"

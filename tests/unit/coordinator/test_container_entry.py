@@ -10,6 +10,7 @@ import structlog
 
 from coordinator.cli import container
 from coordinator.config import load_config
+from coordinator.embedded.tiny_model import build_tiny_model
 from tandem import probe
 from tandem.rpc import start_server
 
@@ -20,10 +21,8 @@ def _args(*argv: str):
 
 @pytest.fixture
 def model(tmp_path):
-    """A stand-in checkpoint directory: config validation only checks for config.json."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
-    return tmp_path / "model"
+    """A real (tiny) checkpoint directory: config load checks the model against the config."""
+    return build_tiny_model(tmp_path / "model")
 
 
 def test_experiment_is_read_from_env_then_argv(monkeypatch):
@@ -94,10 +93,12 @@ def test_probe_follows_readiness_of_a_real_server():
         log=structlog.get_logger()), loop).result(30)
     address = f"127.0.0.1:{running.port}"
     try:
-        assert probe.main([address]) == 0  # liveness
-        assert probe.main([address, "generator"]) == 1  # not ready yet
+        assert probe.main([address]) == 1  # the whole server ("") is not ready while its engine loads
+        assert probe.main([address, "generator"]) == 1  # nor is its service
         asyncio.run_coroutine_threadsafe(running.mark_ready(), loop).result(30)
-        assert probe.main([address, "generator"]) == 0
+        assert probe.main([address, "generator"]) == 0 and probe.main([address]) == 0
+        asyncio.run_coroutine_threadsafe(running.mark_not_serving(), loop).result(30)  # e.g. draining
+        assert probe.main([address]) == 1
     finally:
         asyncio.run_coroutine_threadsafe(running.stop(0), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)

@@ -56,7 +56,7 @@ def _episode(reward, length=2, finish="stop", logprob=-1.0):
 def _rollouts(rewards, finish=None, length=2):
     groups = [[_episode(r, length, (finish or {}).get((p, g), "stop")) for g, r in enumerate(row)]
               for p, row in enumerate(rewards)]
-    examples = [Example(f"q{p}", "a", "t") for p in range(len(rewards))]
+    examples = [Example(f"q{p}", "a", "t", (1, p)) for p in range(len(rewards))]
     return RolloutGroups(examples, [[1, 2]] * len(rewards), groups, torch.tensor(rewards),
                          torch.tensor(rewards) > 0)
 
@@ -153,7 +153,7 @@ def test_grpo_step_with_dynamic_sampling_logs_its_counters(monkeypatch):
     monkeypatch.setattr(grpo_module, "collect_episodes", fake_collect)
     trainer = _FakeTrainer()
     ctx = _ctx(["grpo.use_dynamic_sampling=true", "grpo.dynamic_sampling_max_gen_batches=2"], trainer)
-    ctx.cursor = SimpleNamespace(next_batch=lambda n: [Example(f"q{i}", "a", "t") for i in range(n)],
+    ctx.cursor = SimpleNamespace(next_batch=lambda n: [Example(f"q{i}", "a", "t", (1, i)) for i in range(n)],
                                  state=lambda: {"epoch": 0, "position": 0})
     ctx.tokens = SimpleNamespace(prompt=lambda text: [1, 2])
     ctx.publish = lambda: SimpleNamespace(version=1)

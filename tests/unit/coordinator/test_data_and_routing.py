@@ -3,14 +3,16 @@ import json
 import pytest
 
 from coordinator.config.data import DataConfig
-from coordinator.data.examples import Example, PromptCursor, read_jsonl
+from coordinator.data.examples import Example, PromptCursor, read_examples
+from coordinator.data.tokens import Tokens
+from coordinator.embedded.tiny_model import build_char_tokenizer
 from coordinator.loop.rollout import split_by_capacity
 from coordinator.loop.scoring import RewardRouter
 from reward_svc.types import ScoreItem, ScoreResult
 
 
 def _examples(n):
-    return [Example(str(i), str(i), "t") for i in range(n)]
+    return [Example(str(i), str(i), "t", (i,)) for i in range(n)]
 
 
 def test_cursor_is_reproducible_and_resumable():
@@ -29,11 +31,11 @@ def test_cursor_epoch_covers_every_example_once():
     assert sorted(e.prompt for e in cursor.next_batch(7)) == sorted(str(i) for i in range(7))
 
 
-def test_read_jsonl_reports_missing_keys(tmp_path):
+def test_read_examples_names_the_line_that_is_not_json(tmp_path):
     path = tmp_path / "d.jsonl"
-    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"question": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"d.jsonl:2: missing keys \['prompt', 'answer'\]"):
-        read_jsonl(path, DataConfig())
+    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n{oops\n")
+    with pytest.raises(ValueError, match=r"d.jsonl:2: not a JSON object"):
+        read_examples(path, DataConfig(), Tokens("test", build_char_tokenizer()))
 
 
 def test_split_by_capacity_is_proportional_and_complete():

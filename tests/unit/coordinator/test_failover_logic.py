@@ -124,7 +124,7 @@ class FakeTrainer:
     def __post_init__(self):
         self.groups = []
 
-    def publish_weights(self, group, version):
+    def publish_weights(self, group, version, detach=False):
         self.groups.append(group)
         if self.fail_times:
             self.fail_times -= 1
@@ -165,12 +165,15 @@ def test_a_publish_that_fails_part_way_is_retried_on_a_new_epoch_without_the_dea
     assert publisher.publish(handles[:1]).epoch == 1  # same members: the epoch stays
 
 
-def test_a_publish_with_nobody_left_is_a_clear_error():
+def test_a_publish_with_nobody_left_records_the_version_for_the_next_generator_to_come():
     gen = FakeGenerator()
     gen.dead = True
-    publisher = _publisher(FakeTrainer())
-    with pytest.raises(PublishError, match="no live generator"):
-        publisher.publish(_handles(gen))
+    trainer = FakeTrainer()
+    publisher = _publisher(trainer)
+    report = publisher.publish(_handles(gen))
+    assert report.num_generators == 0 and publisher.version == 1 and not trainer.groups  # nothing was sent
+    relaunched = FakeGenerator()
+    assert [h.member_id for h in publisher.admit(_handles(relaunched))] == ["g0"] and relaunched.version == 1
     flaky = FakeGenerator()
     flaky.fail_receive = True
     with pytest.raises(PublishError, match="failed 3 times"):

@@ -77,7 +77,7 @@ class _Trainer:
     def __init__(self):
         self.groups = []
 
-    def publish_weights(self, group, version):
+    def publish_weights(self, group, version, detach=False):
         self.groups.append(group)
         return type("R", (), {"bytes_sent": 0 if group.world_size == 1 else 10})()
 

@@ -3,6 +3,7 @@
 import threading
 import time
 
+import pytest
 import structlog
 
 from coordinator.cluster.registry import Registry, health
@@ -121,3 +122,15 @@ def test_a_generator_that_leaves_mid_rollout_finishes_its_calls_and_gets_no_more
     assert failed == [] and staying.calls == 1 and leaving.calls == 1  # no re-send: its share came back
     for p, group in enumerate(groups):
         assert [c.token_ids[0] for c in group] == [sampling.sample_seed(p, j) for j in range(2)]
+
+
+def test_an_announcement_the_run_could_not_use_is_refused():
+    registry = Registry(structlog.get_logger())
+    for address in ("💥", "host", "host:0", "host:99999", ":50051", "host:port", "a b:1", "h:1\n"):
+        with pytest.raises(ValueError, match="is not host:port"):
+            registry.register("generator", address)
+    with pytest.raises(ValueError, match="cannot be negative"):
+        registry.register("generator", "h:1", capacity=-1)
+    with pytest.raises(ValueError, match="must name the tasks"):
+        registry.register("reward", "h:2", tasks=("",))
+    assert registry.register("reward", "[::1]:2", tasks=("math",)) and not registry.live("generator")

@@ -1,6 +1,5 @@
 """The Python API's config mapping and its errors (no services started)."""
 
-import json
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ from coordinator import api
 from coordinator.cluster.registry import Member
 from coordinator.cluster.specs import all_registered, launch_all
 from coordinator.config import ConfigError
+from coordinator.embedded.tiny_model import build_tiny_model
 
 
 def test_tandem_exports_the_api_lazily():
@@ -44,9 +44,7 @@ def test_yaml_path_and_from_pretrained(tmp_path):
     path = tmp_path / "recipe.yaml"
     path.write_text("grpo:\n  max_num_steps: 4\n")
     assert api.GRPOTrainer(path).config.grpo.max_num_steps == 4
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    model = build_tiny_model(tmp_path / "model")
     cfg = api.GRPOTrainer.from_pretrained(model, path, max_steps=9).config
     assert cfg.policy.model_name == str(model) and cfg.grpo.max_num_steps == 9
 

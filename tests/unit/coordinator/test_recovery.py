@@ -26,11 +26,15 @@ def test_resume_version_keeps_the_checkpoint_version_unless_something_newer_is_s
 
 
 class _Launcher:
-    def __init__(self, exited):
+    def __init__(self, exited, exits_within=None):
         self._exited = exited
+        self._exits_within = exits_within  # seconds until the process exits (None: it keeps running)
 
     def exited(self, name):
         return self._exited
+
+    def wait_exit(self, name, timeout_s):
+        return 1 if self._exits_within is not None and self._exits_within <= timeout_s else None
 
 
 class _Services:
@@ -57,6 +61,14 @@ def test_trainer_dead():
     assert trainer_dead(_Services(_Unavailable()), _Launcher(exited=False))
     assert trainer_dead(_Services(RuntimeError("no live trainer")), _Launcher(exited=False))
     assert not trainer_dead(_Services(), _Launcher(exited=False))
+
+
+def test_a_failed_call_while_rank_0_still_answers_waits_for_torchrun_to_tear_the_trainer_down():
+    broken = RpcFailure(Status.INTERNAL, "RuntimeError: [gloo] Connection reset by peer")  # rank 1 died
+    assert trainer_dead(_Services(), _Launcher(exited=False, exits_within=3.0), broken)
+    assert not trainer_dead(_Services(), _Launcher(exited=False), broken, grace_s=0.1)  # it kept running
+    refused = RpcFailure(Status.INVALID_ARGUMENT, "bad batch")  # the request's fault: no waiting
+    assert not trainer_dead(_Services(), _Launcher(exited=False, exits_within=3.0), refused)
 
 
 def test_find_unfinished(tmp_path):
@@ -128,3 +140,18 @@ def test_restart_kills_descendants_in_sessions_of_their_own(tmp_path):
         time.sleep(0.05)
     assert launcher.pids()["tree"] != leader
     launcher.stop_all(grace_s=2)
+
+
+def test_resume_of_a_run_that_finished_its_steps_is_refused_but_more_steps_extend_it(tmp_path):
+    from coordinator.run.resume import NothingToResume, RunFinished, find_for
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"grpo_steps": 4}))
+    done = load_config(overrides=[f"logger.log_dir={tmp_path}", "logger.run_name=r", "grpo.max_num_steps=4"])
+    with pytest.raises(RunFinished, match="finished its 4 GRPO steps"):
+        find_for(done)
+    more = load_config(overrides=[f"logger.log_dir={tmp_path}", "logger.run_name=r", "grpo.max_num_steps=6"])
+    with pytest.raises(NothingToResume, match="no complete checkpoint") as caught:  # it would extend a checkpoint
+        find_for(more)
+    assert not isinstance(caught.value, RunFinished)

@@ -64,6 +64,14 @@ def test_compose_model_has_what_the_stack_relies_on(project):
         if name != "coordinator":
             assert svc["depends_on"]["coordinator"]["condition"] == "service_healthy", name
     assert services["coordinator"]["ports"][0]["host_ip"] == "127.0.0.1"  # never beyond host loopback
+    for name in ("coordinator", "trainer"):  # runs are on the host: `down --volumes` keeps them
+        [runs] = [v for v in services[name]["volumes"] if v["target"] == "/srv/tandem/runs"]
+        assert runs["type"] == "bind" and runs["source"] == str(project / "runs"), name
+    assert "runs" not in json.loads(result.stdout).get("volumes", {})
+    for name, svc in services.items():  # a stop drains within the grace period; files belong to TANDEM_UID
+        assert svc["user"] == "1000:1000", name
+        assert svc["pull_policy"] == "never", name  # built here (`up --build`), never pulled
+    assert services["generator"]["stop_grace_period"] == "1m30s"  # more than drain_timeout_s (60 s)
     assert not services["trainer"].get("deploy", {}).get("resources", {}).get("reservations")  # cpu runs anywhere
     gpu = json.loads(_compose(project, "config", "--format", "json", profiles="gpu").stdout)["services"]
     for name in ("trainer-gpu", "generator-gpu"):

@@ -126,7 +126,8 @@ def test_coordinator_config_passes_the_model_through(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     cfg = ExperimentConfig.model_validate({"env": {
         "arithmetic": {}, "prefs": {"scorer": "reward_model", "reward_model": {"batch_size": 4, "squash": "sigmoid"}},
-        "mine": {"scorer": "reward_model", "reward_model": {"model_name": "/models/rm", "max_length": 64}}}})
+        "mine": {"scorer": "reward_model", "reward_model": {"model_name": "/models/rm", "max_length": 64}}},
+        "data": {"default_task": "arithmetic"}})
     embedded = reward_settings(cfg, "prefs")
     assert embedded.tasks == {"prefs": "reward_model"}
     assert embedded.reward_model.model_name.startswith(str(tmp_path / "models" / "tiny-reward-llama-"))

@@ -3,6 +3,7 @@ hands its ranks a loopback MASTER_ADDR."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,12 +44,20 @@ def test_several_nodes_meet_at_the_endpoint():
         torchrun_head(4, nnodes=2)
 
 
+def _text(line: str) -> str:
+    """A line of output: off a terminal tandem.torchrun writes it as a JSON line's "text"."""
+    try:
+        return json.loads(line).get("text", "")
+    except ValueError:
+        return line
+
+
 def test_the_agent_listens_on_nothing(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(_RANK)
     done = subprocess.run([*torchrun_head(2), str(script)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **TORCHRUN_ENV}, cwd=tmp_path, check=False)
-    lines = [line.split() for line in done.stdout.splitlines()]
+    lines = [_text(line).split() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert sorted(line[1:] for line in lines if line[0] == "RANK") == [["0", "127.0.0.1", "False"],
                                                                        ["1", "127.0.0.1", "False"]], done.stderr[-2000:]
     assert ["AGENT_LISTENS", "[]"] in lines, done.stdout

@@ -89,3 +89,16 @@ def test_cache_entry_changes_with_the_source_and_the_vocab(tmp_path):
     (model / "model.safetensors").write_bytes(b"y" * 11)
     assert cache.entry_name(model, "llama", 84) != first
     assert not cache.is_complete(tmp_path / first)
+
+
+def test_mistral_converts_as_llama_only_without_a_sliding_window():
+    from types import SimpleNamespace
+
+    config = dict(model_type="mistral", num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=83, max_position_embeddings=64,
+                  rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e4}, hidden_act="silu",
+                  tie_word_embeddings=False)
+    arch = Arch.from_hf_config(SimpleNamespace(**config, sliding_window=None))
+    assert arch.family == "mistral" and not arch.qkv_bias and arch.head_dim == 16
+    with pytest.raises(ValueError, match="sliding_window 32 is not supported by the Megatron converter"):
+        Arch.from_hf_config(SimpleNamespace(**config, sliding_window=32))

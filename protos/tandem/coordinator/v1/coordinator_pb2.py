@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'tandem/coordinator/v1/coordinator.proto\x12\x15tandem.coordinator.v1\"\xbd\x01\n\x0fRegisterRequest\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".tandem.coordinator.v1.ServiceKind\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x05\x12\r\n\x05tasks\x18\x05 \x03(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x1e\n\x16shares_trainer_weights\x18\x07 \x01(\x08\"D\n\x10RegisterResponse\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x03\"S\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x14\n\x0cnum_inflight\x18\x02 \x01(\x05\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"8\n\x11\x44\x65registerRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\"\x14\n\x12\x44\x65registerResponse\"\x89\x02\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".tandem.coordinator.v1.ServiceKind\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x14\n\x0cnum_inflight\x18\x05 \x01(\x05\x12\x18\n\x10last_seen_ms_ago\x18\x06 \x01(\x03\x12\r\n\x05tasks\x18\x07 \x03(\t\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\x05\x12\x33\n\x06health\x18\t \x01(\x0e\x32#.tandem.coordinator.v1.MemberHealth\x12\x0b\n\x03pid\x18\n \x01(\x03\"\x15\n\x13GetRunStatusRequest\"\xa8\x02\n\x14GetRunStatusResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12.\n\x07members\x18\x06 \x03(\x0b\x32\x1d.tandem.coordinator.v1.Member\x12R\n\x0clast_metrics\x18\x07 \x03(\x0b\x32<.tandem.coordinator.v1.GetRunStatusResponse.LastMetricsEntry\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*z\n\x0bServiceKind\x12\x1c\n\x18SERVICE_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14SERVICE_KIND_TRAINER\x10\x01\x12\x1a\n\x16SERVICE_KIND_GENERATOR\x10\x02\x12\x17\n\x13SERVICE_KIND_REWARD\x10\x03*\x9c\x01\n\x0cMemberHealth\x12\x1d\n\x19MEMBER_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n\x15MEMBER_HEALTH_HEALTHY\x10\x01\x12\x16\n\x12MEMBER_HEALTH_LATE\x10\x02\x12\x19\n\x15MEMBER_HEALTH_LEAVING\x10\x03\x12\x1f\n\x1bMEMBER_HEALTH_STALE_WEIGHTS\x10\x04\x32\x9d\x03\n\x12\x43oordinatorService\x12[\n\x08Register\x12&.tandem.coordinator.v1.RegisterRequest\x1a\'.tandem.coordinator.v1.RegisterResponse\x12^\n\tHeartbeat\x12\'.tandem.coordinator.v1.HeartbeatRequest\x1a(.tandem.coordinator.v1.HeartbeatResponse\x12\x61\n\nDeregister\x12(.tandem.coordinator.v1.DeregisterRequest\x1a).tandem.coordinator.v1.DeregisterResponse\x12g\n\x0cGetRunStatus\x12*.tandem.coordinator.v1.GetRunStatusRequest\x1a+.tandem.coordinator.v1.GetRunStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'tandem/coordinator/v1/coordinator.proto\x12\x15tandem.coordinator.v1\"\xbd\x01\n\x0fRegisterRequest\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".tandem.coordinator.v1.ServiceKind\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x05\x12\r\n\x05tasks\x18\x05 \x03(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x03\x12\x1e\n\x16shares_trainer_weights\x18\x07 \x01(\x08\"D\n\x10RegisterResponse\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x03\"S\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x14\n\x0cnum_inflight\x18\x02 \x01(\x05\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"4\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x10\n\x08run_over\x18\x02 \x01(\x08\"8\n\x11\x44\x65registerRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\"\x14\n\x12\x44\x65registerResponse\"\x89\x02\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x30\n\x04kind\x18\x02 \x01(\x0e\x32\".tandem.coordinator.v1.ServiceKind\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x14\n\x0cnum_inflight\x18\x05 \x01(\x05\x12\x18\n\x10last_seen_ms_ago\x18\x06 \x01(\x03\x12\r\n\x05tasks\x18\x07 \x03(\t\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\x05\x12\x33\n\x06health\x18\t \x01(\x0e\x32#.tandem.coordinator.v1.MemberHealth\x12\x0b\n\x03pid\x18\n \x01(\x03\"\x15\n\x13GetRunStatusRequest\"\xbc\x03\n\x14GetRunStatusResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05phase\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x04 \x01(\x03\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12.\n\x07members\x18\x06 \x03(\x0b\x32\x1d.tandem.coordinator.v1.Member\x12R\n\x0clast_metrics\x18\x07 \x03(\x0b\x32<.tandem.coordinator.v1.GetRunStatusResponse.LastMetricsEntry\x12Z\n\x10service_restarts\x18\x08 \x03(\x0b\x32@.tandem.coordinator.v1.GetRunStatusResponse.ServiceRestartsEntry\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x36\n\x14ServiceRestartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01*z\n\x0bServiceKind\x12\x1c\n\x18SERVICE_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14SERVICE_KIND_TRAINER\x10\x01\x12\x1a\n\x16SERVICE_KIND_GENERATOR\x10\x02\x12\x17\n\x13SERVICE_KIND_REWARD\x10\x03*\x9c\x01\n\x0cMemberHealth\x12\x1d\n\x19MEMBER_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n\x15MEMBER_HEALTH_HEALTHY\x10\x01\x12\x16\n\x12MEMBER_HEALTH_LATE\x10\x02\x12\x19\n\x15MEMBER_HEALTH_LEAVING\x10\x03\x12\x1f\n\x1bMEMBER_HEALTH_STALE_WEIGHTS\x10\x04\x32\x9d\x03\n\x12\x43oordinatorService\x12[\n\x08Register\x12&.tandem.coordinator.v1.RegisterRequest\x1a\'.tandem.coordinator.v1.RegisterResponse\x12^\n\tHeartbeat\x12\'.tandem.coordinator.v1.HeartbeatRequest\x1a(.tandem.coordinator.v1.HeartbeatResponse\x12\x61\n\nDeregister\x12(.tandem.coordinator.v1.DeregisterRequest\x1a).tandem.coordinator.v1.DeregisterResponse\x12g\n\x0cGetRunStatus\x12*.tandem.coordinator.v1.GetRunStatusRequest\x1a+.tandem.coordinator.v1.GetRunStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETRUNSTATUSRESPONSE_LASTMETRICSENTRY']._loaded_options = None
   _globals['_GETRUNSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_SERVICEKIND']._serialized_start=1119
-  _globals['_SERVICEKIND']._serialized_end=1241
-  _globals['_MEMBERHEALTH']._serialized_start=1244
-  _globals['_MEMBERHEALTH']._serialized_end=1400
+  _globals['_GETRUNSTATUSRESPONSE_SERVICERESTARTSENTRY']._loaded_options = None
+  _globals['_GETRUNSTATUSRESPONSE_SERVICERESTARTSENTRY']._serialized_options = b'8\001'
+  _globals['_SERVICEKIND']._serialized_start=1285
+  _globals['_SERVICEKIND']._serialized_end=1407
+  _globals['_MEMBERHEALTH']._serialized_start=1410
+  _globals['_MEMBERHEALTH']._serialized_end=1566
   _globals['_REGISTERREQUEST']._serialized_start=67
   _globals['_REGISTERREQUEST']._serialized_end=256
   _globals['_REGISTERRESPONSE']._serialized_start=258
@@ -44,19 +46,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST']._serialized_start=328
   _globals['_HEARTBEATREQUEST']._serialized_end=411
   _globals['_HEARTBEATRESPONSE']._serialized_start=413
-  _globals['_HEARTBEATRESPONSE']._serialized_end=447
-  _globals['_DEREGISTERREQUEST']._serialized_start=449
-  _globals['_DEREGISTERREQUEST']._serialized_end=505
-  _globals['_DEREGISTERRESPONSE']._serialized_start=507
-  _globals['_DEREGISTERRESPONSE']._serialized_end=527
-  _globals['_MEMBER']._serialized_start=530
-  _globals['_MEMBER']._serialized_end=795
-  _globals['_GETRUNSTATUSREQUEST']._serialized_start=797
-  _globals['_GETRUNSTATUSREQUEST']._serialized_end=818
-  _globals['_GETRUNSTATUSRESPONSE']._serialized_start=821
-  _globals['_GETRUNSTATUSRESPONSE']._serialized_end=1117
-  _globals['_GETRUNSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=1067
-  _globals['_GETRUNSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=1117
-  _globals['_COORDINATORSERVICE']._serialized_start=1403
-  _globals['_COORDINATORSERVICE']._serialized_end=1816
+  _globals['_HEARTBEATRESPONSE']._serialized_end=465
+  _globals['_DEREGISTERREQUEST']._serialized_start=467
+  _globals['_DEREGISTERREQUEST']._serialized_end=523
+  _globals['_DEREGISTERRESPONSE']._serialized_start=525
+  _globals['_DEREGISTERRESPONSE']._serialized_end=545
+  _globals['_MEMBER']._serialized_start=548
+  _globals['_MEMBER']._serialized_end=813
+  _globals['_GETRUNSTATUSREQUEST']._serialized_start=815
+  _globals['_GETRUNSTATUSREQUEST']._serialized_end=836
+  _globals['_GETRUNSTATUSRESPONSE']._serialized_start=839
+  _globals['_GETRUNSTATUSRESPONSE']._serialized_end=1283
+  _globals['_GETRUNSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=1177
+  _globals['_GETRUNSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=1227
+  _globals['_GETRUNSTATUSRESPONSE_SERVICERESTARTSENTRY']._serialized_start=1229
+  _globals['_GETRUNSTATUSRESPONSE_SERVICERESTARTSENTRY']._serialized_end=1283
+  _globals['_COORDINATORSERVICE']._serialized_start=1569
+  _globals['_COORDINATORSERVICE']._serialized_end=1982
 # @@protoc_insertion_point(module_scope)

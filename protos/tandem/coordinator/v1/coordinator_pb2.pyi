@@ -68,10 +68,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., num_inflight: _Optional[int] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known",)
+    __slots__ = ("known", "run_over")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    RUN_OVER_FIELD_NUMBER: _ClassVar[int]
     known: bool
-    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+    run_over: bool
+    def __init__(self, known: _Optional[bool] = ..., run_over: _Optional[bool] = ...) -> None: ...
 
 class DeregisterRequest(_message.Message):
     __slots__ = ("member_id", "draining")
@@ -114,7 +116,7 @@ class GetRunStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetRunStatusResponse(_message.Message):
-    __slots__ = ("run_id", "phase", "step", "total_steps", "weight_version", "members", "last_metrics")
+    __slots__ = ("run_id", "phase", "step", "total_steps", "weight_version", "members", "last_metrics", "service_restarts")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,13 @@ class GetRunStatusResponse(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ServiceRestartsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +138,7 @@ class GetRunStatusResponse(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LAST_METRICS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     phase: str
     step: int
@@ -136,4 +146,5 @@ class GetRunStatusResponse(_message.Message):
     weight_version: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     last_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., weight_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., last_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    service_restarts: _containers.ScalarMap[str, int]
+    def __init__(self, run_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., weight_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., service_restarts: _Optional[_Mapping[str, int]] = ...) -> None: ...

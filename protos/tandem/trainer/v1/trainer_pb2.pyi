@@ -204,12 +204,14 @@ class GetInfoResponse(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., world_size: _Optional[int] = ..., device_type: _Optional[str] = ..., weight_sync_store_address: _Optional[str] = ..., bucket_plan: _Optional[_Union[_common_pb2.BucketPlan, _Mapping]] = ..., num_parameters: _Optional[int] = ..., global_step: _Optional[int] = ...) -> None: ...
 
 class PublishWeightsRequest(_message.Message):
-    __slots__ = ("group", "version")
+    __slots__ = ("group", "version", "detach")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    DETACH_FIELD_NUMBER: _ClassVar[int]
     group: _common_pb2.WeightSyncGroup
     version: int
-    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
+    detach: bool
+    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., version: _Optional[int] = ..., detach: _Optional[bool] = ...) -> None: ...
 
 class PublishWeightsResponse(_message.Message):
     __slots__ = ("bytes_sent", "duration_ms")

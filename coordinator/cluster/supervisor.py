@@ -1,0 +1,143 @@
+"""Keeping a local run's services alive, and saying so while the run waits for one.
+
+A background thread, started once every service has registered and stopped before they are:
+
+- Relaunch. A generator or reward service the run launched that dies (a non-zero exit: a
+  crash, a kill; exit code 0 is a service told to stop, and stays stopped) is relaunched by the
+  launcher after a backoff (cluster.restart_backoff_s, doubled for each earlier relaunch of that
+  service), at most cluster.max_service_restarts times each; then it is given up on (the run
+  goes on with the others, or waits for one to join). The trainer is not relaunched here: its
+  death sends the loop back to its last checkpoint (coordinator/run/grpo_run.py).
+- Notices. While the run lacks a service it needs (no live trainer, no live generator, no
+  live reward service for a task), `notify` gets a line saying what is missing and what is
+  being done about it, at once and then every notice_period_s, and once more when it is back.
+
+Relaunch counts are the launcher's (`LocalLauncher.restarts`); the run status (and so
+`tandem status`) shows them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from coordinator.cluster.launcher import LocalLauncher
+from coordinator.cluster.registry import Registry
+from coordinator.cluster.status import RunStatus
+
+
+class Supervisor:
+    def __init__(self, launcher: LocalLauncher, registry: Registry, status: RunStatus, log, *,
+                 needs: Callable[[], dict[str, str]], notify: Callable[[str], None] | None = None,
+                 max_restarts: int = 3, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
+                 notice_period_s: float = 5.0, grace_s: float = 1.0, poll_s: float = 0.25, relaunch: bool = True):
+        """needs(): what the run needs now, as {label: member kind or "reward:<task>"}."""
+        self._launcher, self._registry, self._status, self._log = launcher, registry, status, log
+        self._needs, self._notify = needs, notify or (lambda text: None)
+        self._max_restarts, self._backoff_s, self._max_backoff_s = max_restarts, backoff_s, max_backoff_s
+        self._notice_period_s, self._grace_s, self._poll_s, self._relaunch = notice_period_s, grace_s, poll_s, relaunch
+        self._due: dict[str, float] = {}  # service name -> when to relaunch it
+        self._relaunched_at: dict[str, float] = {}  # by whoever relaunched it (here, or a trainer restart)
+        self._counts: dict[str, int] = {}  # the launcher's relaunch counts at the last tick
+        self._given_up: set[str] = set()
+        self._missing_since: dict[str, float] = {}
+        self._noticed_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                self.tick(time.monotonic())
+            except Exception as exc:  # the supervisor must outlive a bad tick (it is logged, the run goes on)
+                self._log.warning("supervisor_tick_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def tick(self, now: float) -> None:
+        if self._relaunch:
+            self._relaunch_dead(now)
+        counts = dict(self._launcher.restarts)
+        if counts != self._counts:
+            self._relaunched_at.update({n: now for n, c in counts.items() if c != self._counts.get(n)})
+            self._counts = counts
+            self._status.update(service_restarts=counts)
+        self._announce(now)
+
+    def _relaunch_dead(self, now: float) -> None:
+        for name, code in self._launcher.exited_nonessential().items():
+            if name in self._given_up or self._stop.is_set():
+                continue
+            done = self._launcher.restarts.get(name, 0)
+            if name not in self._due:
+                if code == 0:  # told to stop (SIGTERM: a drain, a swap, scaling down): not a crash
+                    self._given_up.add(name)
+                    self._say(f"{name} stopped cleanly (exit code 0): not relaunching it", event="service_stopped")
+                    continue
+                if done >= self._max_restarts:
+                    self._given_up.add(name)
+                    self._say(f"{name} exited (code {code}) and was relaunched {done} times already "
+                              f"(cluster.max_service_restarts): not relaunching it again", event="service_given_up")
+                    continue
+                delay = min(self._backoff_s * 2 ** done, self._max_backoff_s)
+                self._due[name] = now + delay
+                self._say(f"{name} exited (code {code}); relaunching it in {delay:g}s "
+                          f"(relaunch {done + 1} of {self._max_restarts})", event="service_exited")
+            elif now >= self._due[name]:
+                del self._due[name]
+                self._launcher.restart(name)
+                self._log.warning("service_relaunched", name=name, restarts=self._launcher.restarts[name],
+                                  pid=self._launcher.pids().get(name))
+
+    def _announce(self, now: float) -> None:
+        live = self._registry.live()
+        kinds = {m.kind for m in live}
+        tasks = {t for m in live if m.kind == "reward" for t in m.tasks}
+        for label, need in self._needs().items():
+            present = (need.removeprefix("reward:") in tasks) if need.startswith("reward:") else need in kinds
+            if present:
+                if label in self._noticed_at:
+                    self._say(f"{label}: back after {now - self._missing_since[label]:.0f}s", event="service_back")
+                self._missing_since.pop(label, None)
+                self._noticed_at.pop(label, None)
+                for name in [n for n in self._relaunched_at if n.startswith(_prefix(need))]:
+                    del self._relaunched_at[name]
+                continue
+            since = self._missing_since.setdefault(label, now)
+            last = self._noticed_at.get(label)
+            if now - since >= self._grace_s and (last is None or now - last >= self._notice_period_s):
+                self._noticed_at[label] = now
+                self._say(f"waiting for {label} ({now - since:.0f}s): {self._doing(need, now)}",
+                          event="waiting_for_service")
+
+    def _doing(self, need: str, now: float) -> str:
+        """What is being done about a missing kind: the relaunches under way, or nothing."""
+        names = sorted(n for n in {*self._due, *self._relaunched_at, *self._given_up} if n.startswith(_prefix(need)))
+        parts = []
+        for name in names:
+            if name in self._due:
+                parts.append(f"{name} relaunches in {max(0.0, self._due[name] - now):.0f}s")
+            elif name in self._given_up:
+                parts.append(f"{name} given up after {self._launcher.restarts.get(name, 0)} relaunches")
+            else:
+                parts.append(f"{name} relaunched {now - self._relaunched_at[name]:.0f}s ago, starting")
+        if parts:
+            return "; ".join(parts)
+        return ("none is live; the run relaunches what it launched as soon as it notices" if self._relaunch
+                else "none has registered; start one with --coordinator <this run's address>")
+
+    def _say(self, text: str, *, event: str) -> None:
+        self._log.warning(event, message=text)
+        self._notify(text)
+
+
+def _prefix(need: str) -> str:
+    """The launched service names that serve a need: "generator" -> generator-0, ...; "reward:math" -> reward-math."""
+    return "reward-" + need.removeprefix("reward:") if need.startswith("reward:") else need

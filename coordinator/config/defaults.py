@@ -1,0 +1,107 @@
+"""Defaults that depend on the model and on the other sections, filled in once at load for the
+keys a config leaves unset (a key that is set is never changed):
+
+- The embedded tiny model (`policy.model_name` unset) starts from random weights: it gets the
+  demo's SFT warm start (sft.max_num_steps 2000, lr 1e-3, stop at 45% held-out accuracy) and the
+  embedded task's lengths (64 tokens in all, 4 new ones: 3 digits and EOS).
+- A checkpoint of yours gets what NeMo-RL's GRPO does: no SFT warm start unless the config asks
+  for one (and then with the policy's own learning rate, for sft.max_num_steps steps),
+  policy.max_total_sequence_length = the model's context length capped at 1024, and half of it
+  for new tokens.
+- vLLM's max_model_len follows policy.max_total_sequence_length (NeMo-RL's interpolation).
+- data.default_task is the env's one task when there is one; with several it must be named.
+
+Then the lengths must fit: new tokens leave room for a prompt, and nothing exceeds the model's
+context. `derived_defaults` returns the sections to replace and, per dotted key, why it has its
+value (`tandem config` shows it as that key's source).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EMBEDDED_SFT = {"max_num_steps": 2000, "lr": 1e-3, "stop_at_accuracy": 0.45}
+EMBEDDED_LENGTHS = {"max_total_sequence_length": 64, "max_new_tokens": 4}
+CHECKPOINT_MAX_LENGTH = 1024
+EMBEDDED = "the embedded tiny model's"
+CHECKPOINT = "for a checkpoint"
+
+
+def context_length(model_dir: str | None) -> int | None:
+    """The model's max_position_embeddings (or its equivalent) from its config.json; None if unknown."""
+    if model_dir is None:
+        return None
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = {**config.get("text_config", {}), **config}
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def derived_defaults(cfg) -> tuple[dict[str, object], dict[str, str]]:
+    """({section path: replacement model}, {dotted key: reason}) for cfg, an ExperimentConfig."""
+    policy, sft, generation = cfg.policy, cfg.sft, cfg.policy.generation
+    embedded = policy.model_name is None
+    reasons: dict[str, str] = {}
+    sft_updates = {}
+    for key, value in EMBEDDED_SFT.items():
+        if key not in sft.model_fields_set:
+            sft_updates[key] = value if embedded else {"max_num_steps": 0, "lr": None, "stop_at_accuracy": None}[key]
+            reasons[f"sft.{key}"] = EMBEDDED if embedded else CHECKPOINT
+    policy_updates, generation_updates = {}, {}
+    total = policy.max_total_sequence_length
+    if total is None:
+        limit = context_length(policy.model_name)
+        total = EMBEDDED_LENGTHS["max_total_sequence_length"] if embedded else min(limit or CHECKPOINT_MAX_LENGTH,
+                                                                                  CHECKPOINT_MAX_LENGTH)
+        policy_updates["max_total_sequence_length"] = total
+        reasons["policy.max_total_sequence_length"] = EMBEDDED if embedded else "the model's context, at most 1024"
+    if generation.max_new_tokens is None:
+        generation_updates["max_new_tokens"] = EMBEDDED_LENGTHS["max_new_tokens"] if embedded else total // 2
+        reasons["policy.generation.max_new_tokens"] = EMBEDDED if embedded else "half of max_total_sequence_length"
+    if "max_model_len" not in generation.vllm_cfg.model_fields_set:
+        generation_updates["vllm_cfg"] = generation.vllm_cfg.model_copy(update={"max_model_len": total})
+        reasons["policy.generation.vllm_cfg.max_model_len"] = "policy.max_total_sequence_length"
+    replaced: dict[str, object] = {}
+    if sft_updates:
+        replaced["sft"] = sft.model_copy(update=sft_updates)
+    if generation_updates:
+        policy_updates["generation"] = generation.model_copy(update=generation_updates)
+    if policy_updates:
+        replaced["policy"] = policy.model_copy(update=policy_updates)
+    if cfg.data.default_task is None:
+        replaced["data"] = cfg.data.model_copy(update={"default_task": _default_task(cfg.env)})
+        reasons["data.default_task"] = "the env's one task"
+    return replaced, reasons
+
+
+def _default_task(env: dict) -> str:
+    if len(env) != 1:
+        raise ValueError(f"data.default_task is required with several env tasks ({', '.join(sorted(env))}): name "
+                         "the task of the rows that name none (data.task_key)")
+    return next(iter(env))
+
+
+def check_lengths(cfg) -> None:
+    """New tokens leave room for a prompt; nothing exceeds the model's context. ValueError naming the keys."""
+    policy, generation = cfg.policy, cfg.policy.generation
+    total, new = policy.max_total_sequence_length, generation.max_new_tokens
+    if new >= total:
+        raise ValueError(f"policy.generation.max_new_tokens ({new}) leaves no room for a prompt in "
+                         f"policy.max_total_sequence_length ({total}): lower the first or raise the second")
+    engine = generation.vllm_cfg.max_model_len
+    if generation.backend.separate_services and new >= engine:
+        raise ValueError(f"policy.generation.max_new_tokens ({new}) leaves no room for a prompt in "
+                         f"policy.generation.vllm_cfg.max_model_len ({engine}): lower the first or raise the second")
+    limit = context_length(policy.model_name)
+    if limit is not None:
+        for key, value in (("policy.max_total_sequence_length", total),
+                           ("policy.generation.vllm_cfg.max_model_len", engine)):
+            if value > limit:
+                raise ValueError(f"{key} ({value}) exceeds the model's context length ({limit}, "
+                                 f"max_position_embeddings in {policy.model_name}/config.json): lower it")

@@ -1,0 +1,28 @@
+"""What a run waits for while its services start, said in words for the progress display:
+"trainer 1/1, generators 1/2, rewards 0/1 (waiting: arithmetic)"."""
+
+from __future__ import annotations
+
+from coordinator.cluster.registry import Member
+from coordinator.config import ExperimentConfig
+
+
+def expected_services(cfg: ExperimentConfig) -> tuple[int, list[str]]:
+    """(generators, reward tasks) the run waits for beside its trainer."""
+    if not cfg.algorithm.uses_rollouts:
+        return 0, []
+    return (cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 1), sorted(cfg.env)
+
+
+def describe_startup(cfg: ExperimentConfig, members: list[Member], trainer: bool = True) -> str:
+    generators, tasks = expected_services(cfg)
+    kinds = [m.kind for m in members]
+    parts = [f"trainer {min(kinds.count('trainer'), 1)}/1"] if trainer else []
+    if generators:
+        parts.append(f"generators {min(kinds.count('generator'), generators)}/{generators}")
+    if tasks:
+        served = {t for m in members if m.kind == "reward" for t in m.tasks}
+        missing = [t for t in tasks if t not in served]
+        parts.append(f"rewards {len(tasks) - len(missing)}/{len(tasks)}"
+                     + (f" (waiting: {', '.join(missing)})" if missing else ""))
+    return ", ".join(parts)

@@ -1,0 +1,148 @@
+"""kill -9 of what a local `tandem run` launched, one after another during GRPO, on real processes
+(2 torchrun trainer ranks, 1 vLLM generator, 1 reward service):
+
+1. the only generator (its whole process group): it is relaunched, the rollout waits for it and
+   goes on; meanwhile the console says every few seconds that the run waits for a generator;
+2. the reward service: relaunched, its calls retried on the new one;
+3. trainer rank 1 (a torchrun child other than rank 0): the trainer is relaunched and the loop
+   resumes from the last checkpoint, as for rank 0.
+
+The run finishes with every step and every sample; `tandem status` and the step metrics count
+the relaunches. Prints how long each fault took to recover (pytest -s shows it).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+STEPS = 20  # steps take seconds: enough that all three faults land before the end, even on a quiet box
+ARGS = ["run", "sft.max_num_steps=0", f"grpo.max_num_steps={STEPS}", "grpo.val_period=0", "grpo.max_val_samples=8",
+        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
+        "policy.train_micro_batch_size=8", "checkpointing.save_period=1", "data.num_train=200", "data.num_val=8",
+        "cluster.trainer_ranks=2", "cluster.num_generators=1", "cluster.restart_backoff_s=0.5",
+        "logger.plot_enabled=false", "logger.tensorboard_enabled=false", "logger.log_dir=runs",
+        "logger.run_name=faults"]
+
+
+def _events(run_dir: Path) -> list[dict]:
+    path = run_dir / "logs" / "coordinator.log"
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def _grpo_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [r["step"] for r in rows if r["phase"] == "grpo"]
+
+
+class Output:
+    """The run's console output, read as it comes."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.text = ""
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.text += line
+
+
+def _wait(proc, out: Output, condition, what: str, timeout_s: float = 600) -> float:
+    started = time.monotonic()
+    while not condition():
+        if proc.poll() is not None:
+            time.sleep(1)
+            pytest.fail(f"the run exited (rc {proc.returncode}) before {what}:\n{out.text[-5000:]}")
+        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}:\n{out.text[-3000:]}"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def _services(run_dir: Path) -> dict[str, int]:
+    return {name: entry["pid"] for name, entry in json.loads((run_dir / "services.json").read_text()).items()}
+
+
+def _rank(torchrun_pid: int, rank: int) -> int:
+    """The pid of a torchrun worker by its RANK."""
+    for task in Path(f"/proc/{torchrun_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in environ:
+                return int(child)
+    raise AssertionError(f"torchrun {torchrun_pid} has no rank {rank}")
+
+
+def _back(run_dir: Path, label: str) -> bool:
+    """The supervisor saw `label` back (it had noticed it missing)."""
+    return any(e["event"] == "service_back" and e["message"].startswith(label) for e in _events(run_dir))
+
+
+def _kill_and_recover(proc, out, run_dir: Path, kill, done, what: str) -> str:
+    """Kill something after the next step, wait for `done` and one more step; returns a timing line."""
+    steps = len(_grpo_steps(run_dir))
+    _wait(proc, out, lambda: len(_grpo_steps(run_dir)) > steps, f"a step before killing {what}")
+    killed_after = len(_grpo_steps(run_dir))
+    kill()
+    recovered = _wait(proc, out, done, f"{what} to come back")
+    _wait(proc, out, lambda: len(_grpo_steps(run_dir)) > killed_after, f"a step after {what} came back")
+    return f"{what}: killed after step {killed_after}, back in {recovered:.1f}s"
+
+
+def test_each_killed_service_comes_back_and_the_run_finishes_every_step_and_sample(tmp_path):
+    run_dir = tmp_path / "runs" / "faults"
+    env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    env.pop("TANDEM_TOKEN", None)
+    proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *ARGS], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, timings = Output(proc), []
+    try:
+        _wait(proc, out, lambda: len(_grpo_steps(run_dir)) >= 1, "GRPO step 1", timeout_s=900)
+        timings.append(_kill_and_recover(
+            proc, out, run_dir, lambda: os.killpg(_services(run_dir)["generator-0"], signal.SIGKILL),
+            lambda: _back(run_dir, "a generator"), "the only generator"))
+        timings.append(_kill_and_recover(
+            proc, out, run_dir, lambda: os.killpg(_services(run_dir)["reward-arithmetic"], signal.SIGKILL),
+            lambda: _back(run_dir, "the reward service of task 'arithmetic'"), "the reward service"))
+        status = subprocess.run([sys.executable, "-m", "coordinator.cli.main", "status", "--run-dir", str(run_dir)],
+                                capture_output=True, text=True, timeout=60, env=env)
+        assert "relaunched: generator-0 x1, reward-arithmetic x1" in status.stdout, status.stdout + status.stderr
+        timings.append(_kill_and_recover(
+            proc, out, run_dir, lambda: os.kill(_rank(_services(run_dir)["trainer"], 1), signal.SIGKILL),
+            lambda: any(e["event"] == "trainer_restarted" for e in _events(run_dir)), "trainer rank 1"))
+        _wait(proc, out, lambda: proc.poll() is not None, "the end of the run")
+        assert proc.returncode == 0, out.text[-5000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if (run_dir / "services.json").is_file():
+            for pid in _services(run_dir).values():
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+    print("\n" + "\n".join(timings))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["grpo_steps"] == STEPS and summary["samples"] == STEPS * 16
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    grpo = [r for r in rows if r["phase"] == "grpo"]
+    assert [r["step"] for r in grpo] == list(range(1, STEPS + 1))  # every step once
+    assert all(r["num_samples"] == 16 for r in grpo)  # every sample
+    assert grpo[-1]["service_restarts"] == 3  # generator, reward service, trainer
+    assert out.text.count("waiting for a generator") >= 2  # said on the console every few seconds
+    assert "waiting for the reward service of task 'arithmetic'" in out.text and "waiting for the trainer" in out.text
+    relaunched = [e["name"] for e in _events(run_dir) if e["event"] == "service_relaunched"]
+    assert relaunched == ["generator-0", "reward-arithmetic"]  # the trainer is the loop's to restart
+    restarted = next(e for e in _events(run_dir) if e["event"] == "trainer_restarted")
+    print(f"trainer rank 1 -> resumed from step {restarted['step']}: restart-to-resume "
+          f"{restarted['restart_to_resume_s']:.1f}s")

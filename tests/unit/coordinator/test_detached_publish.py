@@ -1,0 +1,91 @@
+"""Async GRPO's detached publish, against in-process fakes: the loop gets control back as soon as
+the trainer holds its copy, the generators get the version afterwards (then on_published runs),
+publishes keep their order and versions, and a failed one is raised by the next publish. The
+trainer's side keeps the version's copy, so a retry resends the published weights, not newer ones."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import structlog
+import torch
+
+from coordinator.cluster.services import GeneratorHandle
+from coordinator.config import load_config
+from coordinator.loop.context import LoopContext
+from tandem.rpc import RpcFailure, Status
+from tandem.weight_sync import make_bucket_plan
+from trainer_svc.publish import DetachedPublishes
+from trainer_svc.types import PublishResult
+
+PLAN = make_bucket_plan([("w", (4,), torch.float32)])
+
+
+class Trainer:
+    def __init__(self):
+        self.calls = []
+
+    def info(self):
+        return SimpleNamespace(weight_sync_store_address="127.0.0.1:1", bucket_plan=PLAN, device_type="cpu",
+                               global_step=0)
+
+    def publish_weights(self, group, version, detach=False):
+        self.calls.append(("trainer", version, detach))
+        return PublishResult(16, 1)
+
+
+class Generator:
+    def __init__(self, release: threading.Event, fail: bool = False):
+        self.release, self.fail, self.versions = release, fail, []
+
+    def info(self, timeout_s=0):
+        return self
+
+    def load_weights(self, source, version, timeout_s=0):
+        self.release.wait(10)  # the bytes take a while to arrive
+        if self.fail:
+            raise RpcFailure(Status.INVALID_ARGUMENT, "version refused")
+        self.versions.append(version)
+        return version
+
+
+def _ctx(generator):
+    services = SimpleNamespace(trainer=Trainer(), all_generators=lambda: [GeneratorHandle("g0", generator, 8)],
+                               generator_failed=lambda h, e: None)
+    cfg = load_config(overrides=["grpo.async_grpo.enabled=true"])
+    return LoopContext.connect(cfg, services, None, [], 0, structlog.get_logger()), services.trainer
+
+
+def test_the_loop_trains_on_while_the_generators_receive():
+    release, published = threading.Event(), []
+    generator = Generator(release)
+    ctx, trainer = _ctx(generator)
+    assert ctx.publish_detached(lambda: published.append(1)) == 1  # returned before any generator has it
+    assert trainer.calls == [("trainer", 1, True)] and generator.versions == [] and published == []
+    assert ctx.publish_detached(lambda: published.append(2)) == 2  # queued behind the first, numbered in order
+    release.set()
+    ctx.wait_published()
+    assert generator.versions == [1, 2] and published == [1, 2] and ctx.publisher.version == 2
+
+
+def test_a_failed_detached_publish_is_raised_by_the_next_publish():
+    release = threading.Event()
+    release.set()
+    ctx, _ = _ctx(Generator(release, fail=True))
+    ctx.publish_detached(lambda: None)
+    time.sleep(0.2)
+    with pytest.raises(RpcFailure, match="version refused"):
+        ctx.publish_detached(lambda: None)
+
+
+def test_the_trainer_keeps_the_version_it_detached_and_resends_that_copy():
+    weights = torch.ones(4)
+    held = DetachedPublishes(structlog.get_logger())
+    assert held.start(iter([("w", weights)]), None, None, 7, PLAN) == 0  # a rank without the sender: no thread
+    weights.add_(1.0)  # the trainer trains on
+    assert held.holds(7) and torch.equal(held._held.tensors[0][1], torch.ones(4))  # the copy is version 7's
+    held.start(iter(()), None, None, 7, PLAN)  # a resend: no new copy, the old one stays
+    assert torch.equal(held._held.tensors[0][1], torch.ones(4))
+    held.forget()
+    assert not held.holds(7)

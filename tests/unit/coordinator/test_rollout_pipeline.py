@@ -1,0 +1,109 @@
+"""The rollout pipeline against a fake producer whose generators serve the published version: the
+synchronous pipeline (age 0) never runs ahead, the async one runs at most max_age batches ahead,
+no group older than the bound is ever handed out (a stale one is replaced and counted), each
+batch keeps the cursor after its own prompts, and a producer error surfaces in its step."""
+
+import threading
+import time
+
+import pytest
+import structlog
+import torch
+
+from coordinator.data.examples import Example
+from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.multiturn import Episode
+from coordinator.loop.pipeline import RolloutPipeline
+
+
+class World:
+    """Published weight versions, a data cursor, and a producer that records when it ran."""
+
+    def __init__(self, stale_steps: tuple[int, ...] = (), fail_step: int | None = None):
+        self.version, self.position, self.produced = 0, 0, []
+        self.stale_steps, self.fail_step = stale_steps, fail_step
+        self.lock = threading.Lock()
+
+    def produce(self, step: int, num_groups: int):
+        with self.lock:
+            self.produced.append((step, self.version))
+            version = self.version - 5 if step in self.stale_steps and len(self.produced) == 1 else self.version
+            self.position += num_groups
+        if step == self.fail_step:
+            raise RuntimeError(f"dynamic sampling exhausted at step {step}")
+        groups = [[Episode("t", [1], [0.0], None, float(g), g == 1, "stop", version) for g in range(2)]
+                  for _ in range(num_groups)]
+        examples = [Example("p", "a", "t", (1, 2))] * num_groups
+        rewards = torch.tensor([[0.0, 1.0]] * num_groups)
+        return RolloutGroups(examples, [[1]] * num_groups, groups, rewards, rewards > 0), {"drawn": float(num_groups)}
+
+    def pipeline(self, max_age: int) -> RolloutPipeline:
+        return RolloutPipeline(self.produce, 4, max_age=max_age, published_version=lambda: self.version,
+                               cursor_state=lambda: {"epoch": 0, "position": self.position},
+                               log=structlog.get_logger())
+
+    def train_and_publish(self, pipeline: RolloutPipeline, step: int) -> None:
+        time.sleep(0.05)  # training
+        self.version += 1
+        pipeline.published(step)
+
+
+def _run(world: World, max_age: int, steps: int = 6) -> list[dict]:
+    pipeline, taken = world.pipeline(max_age), []
+    pipeline.start(1, steps)
+    try:
+        for step in range(1, steps + 1):
+            batch = pipeline.take(step)
+            ages = [world.version - min(e.weight_version for e in g) for g in batch.rollouts.groups]
+            taken.append({"step": step, "ages": ages, "metrics": batch.metrics, "cursor": pipeline.cursor_after(step)})
+            world.train_and_publish(pipeline, step)
+    finally:
+        pipeline.stop()
+    return taken
+
+
+def test_the_synchronous_pipeline_produces_each_batch_with_the_previous_steps_weights():
+    world = World()
+    taken = _run(world, max_age=0)
+    assert world.produced == [(step, step - 1) for step in range(1, 7)]  # batch s after step s - 1 published
+    assert all(t["ages"] == [0] * 4 for t in taken)
+    assert [t["cursor"]["position"] for t in taken] == [4, 8, 12, 16, 20, 24]
+
+
+@pytest.mark.parametrize("max_age", [1, 2])
+def test_async_runs_ahead_but_never_hands_out_a_trajectory_older_than_the_bound(max_age):
+    world = World()
+    taken = _run(world, max_age=max_age)
+    assert any(version < step - 1 for step, version in world.produced)  # it did run ahead
+    assert all(step - 1 - version <= max_age for step, version in world.produced)
+    assert all(max(t["ages"]) <= max_age and t["metrics"]["trajectory_age_max"] <= max_age for t in taken)
+    assert [t["cursor"]["position"] for t in taken] == [4 * s for s in range(1, 7)]  # its own prompts, not later ones
+
+
+def test_a_stale_group_is_dropped_and_replaced_never_trained_on():
+    world = World(stale_steps=(1,))
+    taken = _run(world, max_age=1, steps=2)
+    first = taken[0]
+    assert first["metrics"]["stale_groups_dropped"] == 4.0 and first["ages"] == [0] * 4
+    assert taken[1]["metrics"]["stale_groups_dropped"] == 0.0
+
+
+def test_a_producer_error_is_raised_by_the_step_it_was_producing():
+    world = World(fail_step=2)
+    pipeline = world.pipeline(max_age=1)
+    pipeline.start(1, 4)
+    try:
+        pipeline.take(1)
+        world.train_and_publish(pipeline, 1)
+        with pytest.raises(RuntimeError, match="exhausted at step 2"):
+            pipeline.take(2)
+        assert pipeline.take(3).step == 3  # the next take starts the pipeline anew at its step
+    finally:
+        pipeline.stop()
+
+
+def test_a_lone_step_is_the_same_pipeline_of_one_batch():
+    world = World()
+    pipeline = world.pipeline(max_age=0)
+    assert pipeline.take(5).step == 5 and world.produced == [(5, 0)]
+    pipeline.stop()

@@ -1,0 +1,109 @@
+"""The supervisor's decisions on fake processes and membership: relaunch with backoff, bounded,
+counted in the run status; notices while a needed service is missing, repeated, and when back."""
+
+import structlog
+
+from coordinator.cluster.registry import Member
+from coordinator.cluster.status import RunStatus
+from coordinator.cluster.supervisor import Supervisor
+
+
+class FakeLauncher:
+    def __init__(self):
+        self.dead: dict[str, int] = {}
+        self.restarts: dict[str, int] = {}
+        self.relaunched: list[str] = []
+
+    def exited_nonessential(self) -> dict[str, int]:
+        return dict(self.dead)
+
+    def restart(self, name: str) -> None:
+        self.dead.pop(name, None)
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        self.relaunched.append(name)
+
+    def pids(self) -> dict[str, int]:
+        return {}
+
+
+class FakeRegistry:
+    def __init__(self, *members: Member):
+        self.members = list(members)
+
+    def live(self) -> list[Member]:
+        return list(self.members)
+
+
+TRAINER = Member("t", "trainer", "a:1")
+GENERATOR = Member("g", "generator", "a:2")
+REWARD = Member("r", "reward", "a:3", tasks=("arithmetic",))
+NEEDS = {"the trainer": "trainer", "a generator": "generator", "the reward service of task 'arithmetic'":
+         "reward:arithmetic"}
+
+
+def _supervisor(launcher, registry, notices, **kwargs) -> tuple[Supervisor, RunStatus]:
+    status = RunStatus("r")
+    return Supervisor(launcher, registry, status, structlog.get_logger(), needs=lambda: NEEDS,
+                      notify=notices.append, **kwargs), status
+
+
+def test_a_dead_generator_is_relaunched_after_a_doubling_backoff_and_at_most_max_restarts_times():
+    launcher, registry, notices = FakeLauncher(), FakeRegistry(TRAINER, REWARD), []
+    supervisor, status = _supervisor(launcher, registry, notices, max_restarts=2, backoff_s=1.0, grace_s=0.0)
+    launcher.dead["generator-0"] = -9
+    supervisor.tick(100.0)
+    assert launcher.relaunched == []
+    assert "generator-0 exited (code -9); relaunching it in 1s (relaunch 1 of 2)" in notices
+    supervisor.tick(101.0)
+    assert launcher.relaunched == ["generator-0"] and status.snapshot()["service_restarts"] == {"generator-0": 1}
+    launcher.dead["generator-0"] = 1  # it died again: twice the wait
+    supervisor.tick(102.0)
+    supervisor.tick(103.5)
+    assert launcher.relaunched == ["generator-0"]
+    supervisor.tick(104.0)
+    assert launcher.relaunched == ["generator-0", "generator-0"]
+    launcher.dead["generator-0"] = 1  # a third death: given up
+    for now in (105.0, 200.0, 300.0):
+        supervisor.tick(now)
+    assert launcher.relaunched == ["generator-0", "generator-0"]
+    assert any("not relaunching it again" in n for n in notices)
+
+
+def test_while_a_needed_service_is_missing_the_notice_repeats_and_says_what_is_done():
+    launcher, registry, notices = FakeLauncher(), FakeRegistry(TRAINER, GENERATOR), []
+    supervisor, _ = _supervisor(launcher, registry, notices, backoff_s=2.0, notice_period_s=5.0, grace_s=1.0)
+    launcher.dead["reward-arithmetic"] = -9
+    supervisor.tick(0.0)  # noticed the death; not yet missing for the grace period
+    supervisor.tick(1.0)
+    waiting = [n for n in notices if n.startswith("waiting for the reward service of task 'arithmetic'")]
+    assert len(waiting) == 1 and "reward-arithmetic relaunches in 1s" in waiting[0]
+    supervisor.tick(2.0)  # relaunched
+    for now in (3.0, 4.0, 6.0, 7.0, 11.0):
+        supervisor.tick(now)
+    waiting = [n for n in notices if n.startswith("waiting for the reward service")]
+    assert len(waiting) == 3 and "relaunched 4s ago, starting" in waiting[1] and "(11s)" in waiting[2]
+    registry.members.append(REWARD)
+    supervisor.tick(12.0)
+    assert notices[-1] == "the reward service of task 'arithmetic': back after 12s"
+    supervisor.tick(30.0)
+    assert notices[-1].endswith("back after 12s")  # nothing more once it is back
+
+
+def test_without_relaunching_it_only_says_what_it_waits_for():
+    launcher, registry, notices = FakeLauncher(), FakeRegistry(), []
+    supervisor, _ = _supervisor(launcher, registry, notices, relaunch=False, grace_s=0.0)
+    launcher.dead["generator-0"] = -9
+    supervisor.tick(0.0)
+    assert launcher.relaunched == []
+    assert {n.split(" (")[0] for n in notices} == {"waiting for the trainer", "waiting for a generator",
+                                                   "waiting for the reward service of task 'arithmetic'"}
+    assert all("none has registered" in n for n in notices)
+
+
+def test_a_service_that_stopped_cleanly_is_not_relaunched():
+    launcher, registry, notices = FakeLauncher(), FakeRegistry(TRAINER, GENERATOR, REWARD), []
+    supervisor, _ = _supervisor(launcher, registry, notices)
+    launcher.dead["generator-1"] = 0  # drained after SIGTERM (scaling down)
+    for now in (0.0, 5.0, 60.0):
+        supervisor.tick(now)
+    assert launcher.relaunched == [] and notices == ["generator-1 stopped cleanly (exit code 0): not relaunching it"]
