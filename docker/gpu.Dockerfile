@@ -9,7 +9,7 @@ WORKDIR /srv/tandem
 # Tandem's own dependencies beside the image's torch and vLLM (pyproject's list, less those two).
 RUN pip install --no-cache-dir "transformers>=4.56" "grpcio==1.85.1" "grpcio-health-checking==1.85.1" \
       "grpcio-reflection==1.85.1" "protobuf>=6" "pydantic>=2.12" "pyyaml>=6" "structlog>=25" "rich>=14" \
-      "matplotlib>=3.9" "tensorboard>=2.18" "math-verify>=0.9" \
+      "matplotlib>=3.9" "tensorboard>=2.18" "math-verify>=0.9" "peft>=0.17" \
  && useradd --create-home --uid 1000 tandem \
  && mkdir -p /models /srv/tandem/runs \
  && chown tandem:tandem /models /srv/tandem/runs \

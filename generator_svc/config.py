@@ -44,13 +44,30 @@ class VllmSettings(BaseModel):
     device; the coordinator splits that 0.5 between the colocated generators it launches)."""
     enforce_eager: bool = True
     """Skip torch.compile: 30-50 s more start-up on CPU for no gain on small models."""
-    tensor_parallel_size: Literal[1] = 1
-    """vLLM tensor parallelism inside one generator: only 1 for now."""
-    distributed_executor_backend: Literal["uni", "mp"] = "uni"
-    """uni: the model runs inside vLLM's engine-core process. mp: in a worker process of its own
-    (vLLM's default on CPU), which busy-waits on shared memory for a second after every batch: an
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor parallelism inside one generator: its workers split every layer (CPU: gloo)."""
+    pipeline_parallel_size: int = Field(1, ge=1)
+    """vLLM pipeline parallelism inside one generator: its workers hold consecutive layers."""
+    distributed_executor_backend: Literal["uni", "mp"] | None = None
+    """uni: the model runs inside vLLM's engine-core process. mp: in worker processes of their own
+    (vLLM's default on CPU), which busy-wait on shared memory for a second after every batch: an
     idle generator then holds a core while the trainer trains (measured: 0.43 CPU-s per 3 idle s
-    with mp, 0.02 with uni, at the same tokens/s)."""
+    with mp, 0.02 with uni, at the same tokens/s). None: uni for one worker, mp for several
+    (tensor_parallel_size x pipeline_parallel_size > 1 needs a process per worker)."""
+
+    @model_validator(mode="after")
+    def _executor_for_workers(self) -> VllmSettings:
+        if self.distributed_executor_backend is None:
+            object.__setattr__(self, "distributed_executor_backend", "mp" if self.num_workers > 1 else "uni")
+        elif self.distributed_executor_backend == "uni" and self.num_workers > 1:
+            raise ValueError(f"vllm_cfg.distributed_executor_backend: uni runs one worker; tensor_parallel_size x "
+                             f"pipeline_parallel_size = {self.num_workers} needs mp (or leave it unset)")
+        return self
+
+    @property
+    def num_workers(self) -> int:
+        """vLLM worker processes of one generator (each receives the whole published version)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 class GeneratorSettings(VllmSettings):

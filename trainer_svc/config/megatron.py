@@ -2,7 +2,9 @@
 
 Pydantic only (imported by `trainer_svc.config` and the coordinator's config without loading
 torch or megatron-core). Options that cannot run on a CPU-only machine are refused by the
-backend at start (see `model.check_supported`), not here: the same YAML runs on GPUs.
+backend at start (see `model.check_supported` and `gpu_features.check_gpu_features`), not
+here: the same YAML runs on GPUs. What is checked here is what no device could run (an FP8
+recipe Megatron does not know, an FP8 key without `fp8_cfg.enabled`, ...).
 """
 
 from __future__ import annotations
@@ -72,6 +74,28 @@ class MegatronDdpSettings(_Strict):
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = "no_shard"
 
 
+class Fp8Settings(_Strict):
+    """`megatron_cfg.fp8_cfg` (NeMo-RL's keys): FP8 GEMMs through Transformer Engine's layers.
+    GPU only (Hopper or newer, Transformer Engine installed): refused at start elsewhere."""
+
+    enabled: bool = False
+    """Train the linear layers' GEMMs in FP8 (the model is then built on Transformer Engine's layer spec)."""
+    fp8: Literal["e4m3", "hybrid"] = "e4m3"
+    """FP8 format: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients)."""
+    fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "mxfp8"] = "blockwise"
+    """Scaling recipe (Megatron's Fp8Recipe): blockwise needs Hopper, mxfp8 Blackwell."""
+    fp8_param: bool = False
+    """Keep the parameters themselves in FP8 (mxfp8/blockwise gathers in FP8)."""
+    force_clear_fp8_caches: bool = False
+    """Accepted for NeMo-RL compatibility (its GPU memory offload before refit; nothing to clear here)."""
+
+    @model_validator(mode="after")
+    def _param_needs_enabled(self) -> Fp8Settings:
+        if self.fp8_param and not self.enabled:
+            raise ValueError("megatron_cfg.fp8_cfg.fp8_param needs fp8_cfg.enabled: true")
+        return self
+
+
 class MegatronSettings(_Strict):
     """The Megatron-core backend (local layer spec GPTModel)."""
 
@@ -102,6 +126,31 @@ class MegatronSettings(_Strict):
     """Layers per recomputed chunk (uniform) or recomputed layers per stage (block); None: 1."""
     apply_rope_fusion: bool = False
     """Fused RoPE kernel (needs Transformer Engine: refused on CPU)."""
+    bias_activation_fusion: bool = False
+    """Fused SwiGLU of the MLP (Megatron's jit-scripted kernel: runs on CPU and GPU)."""
+    freeze_moe_router: bool = False
+    """Mixture-of-experts: keep every router's weights fixed (no gradient, not in the optimizer)."""
+    moe_router_dtype: Literal["fp32", "fp64"] | None = None
+    """dtype of the router's logits and softmax (None: the compute dtype)."""
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "none"] = "none"
+    """Load-balancing loss of the routers, weighted by the checkpoint's router_aux_loss_coef and
+    reported as moe_<type> (e.g. moe_load_balancing_loss); none: neither applied nor reported."""
+    moe_router_bias_update_rate: float = Field(0.0, ge=0)
+    """Expert-bias update rate (only models with an expert bias use it; the supported families have none)."""
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "allgather"
+    """How tokens reach the experts of other expert-parallel ranks (flex needs DeepEP: GPU only)."""
+    moe_permute_fusion: bool = False
+    """Fused token permutation (Transformer Engine: refused on CPU)."""
+    moe_grouped_gemm: bool = False
+    """Grouped GEMM over the local experts (TE/CUTLASS: refused on CPU)."""
+    moe_enable_deepep: bool = False
+    """DeepEP all-to-all (needs moe_token_dispatcher_type: flex; GPU only)."""
+    moe_shared_expert_overlap: bool = False
+    """Overlap the shared expert with the dispatch on CUDA streams (needs alltoall; GPU only)."""
+    moe_per_layer_logging: bool = False
+    """Also report the load-balancing loss per layer (moe_<type>_layer_<i>)."""
+    fp8_cfg: Fp8Settings = Fp8Settings()
+    """FP8 training (GPU only)."""
     gradient_accumulation_fusion: bool = False
     """Fused wgrad accumulation (needs APEX CUDA extensions: refused on CPU)."""
     optimizer: MegatronOptimizerSettings = MegatronOptimizerSettings()
@@ -116,6 +165,10 @@ class MegatronSettings(_Strict):
             raise ValueError("megatron_cfg.recompute_method applies to recompute_granularity: full only")
         if self.optimizer.bf16 and self.optimizer.fp16:
             raise ValueError("megatron_cfg.optimizer: set at most one of bf16 and fp16")
+        if self.moe_enable_deepep and self.moe_token_dispatcher_type != "flex":
+            raise ValueError("megatron_cfg.moe_enable_deepep needs moe_token_dispatcher_type: flex")
+        if self.moe_shared_expert_overlap and self.moe_token_dispatcher_type != "alltoall":
+            raise ValueError("megatron_cfg.moe_shared_expert_overlap needs moe_token_dispatcher_type: alltoall")
         if self.distributed_data_parallel_config.average_in_collective:
             raise ValueError("megatron_cfg.distributed_data_parallel_config.average_in_collective must be false: "
                              "Tandem normalises losses globally and sums gradients over ranks")

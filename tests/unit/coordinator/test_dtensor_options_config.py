@@ -28,18 +28,29 @@ def test_dtensor_cfg_keys_reach_the_trainer():
     (["cluster.trainer_ranks=2", "policy.dtensor_cfg.tensor_parallel_size=4"],
      r"tensor_parallel_size \(4\) must divide cluster.trainer_ranks"),
     (["policy.dtensor_cfg.sequence_parallel=true"], "sequence_parallel needs tensor_parallel_size > 1"),
-    (["policy.dtensor_cfg.context_parallel_size=2"], "policy.dtensor_cfg.context_parallel_size"),
+    (["policy.dtensor_cfg.context_parallel_size=2", "policy.dtensor_cfg.tensor_parallel_size=2"],
+     "context_parallel_size > 1 with tensor_parallel_size > 1"),
+    (["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.tensor_parallel_size=2"],
+     "lora_cfg.enabled trains adapters without tensor parallel"),
+    (["policy.dtensor_cfg.custom_parallel_plan=not-a-path"], "custom_parallel_plan must be a dotted path"),
 ])
 def test_unsupported_layouts_are_refused_at_load(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=overrides)
 
 
-def test_trainer_refuses_context_parallel_with_a_reason():
-    from trainer_svc.config import DTensorSettings
+def test_context_parallel_loads_and_the_cpu_trainer_refuses_it_with_what_is_missing():
+    import torch
 
-    with pytest.raises(ValueError, match="not supported: context parallelism needs ring attention"):
-        DTensorSettings(context_parallel_size=2)
+    from trainer_svc.backends.dtensor.backend import check_context_parallel
+
+    cfg = load_config(overrides=["policy.dtensor_cfg.context_parallel_size=2"])
+    assert trainer_settings(cfg, "model").dtensor_cfg.context_parallel_size == 2  # the same YAML runs on GPUs
+    with pytest.raises(ValueError, match=r"context_parallel_size=2 needs CUDA: .*ring attention"):
+        check_context_parallel(2, torch.device("cpu"))
+    check_context_parallel(1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="use megatron_cfg.context_parallel_size"):
+        check_context_parallel(2, torch.device("cuda"))
 
 
 def test_colocated_keys():

@@ -17,9 +17,15 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainer_svc.backends.dtensor import checkpoint
+from trainer_svc.backends.dtensor import checkpoint, lora
 from trainer_svc.backends.dtensor.model import dropout_free, load_sharded_policy
-from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, clip_grad_norm, offload_policy
+from trainer_svc.backends.dtensor.parallel import (
+    MeshAxis,
+    ParallelDims,
+    clip_grad_norm,
+    offload_policy,
+    resolve_parallel_plan,
+)
 from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
     MicroBatch,
@@ -65,6 +71,9 @@ class DTensorBackend:
         self._packing = settings.sequence_packing
         self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
         cfg = settings.dtensor_cfg
+        check_context_parallel(cfg.context_parallel_size, env.device)
+        self._lora = cfg.lora_cfg if cfg.lora_cfg.enabled else None
+        self._model_name = settings.model_name
         self._dims = ParallelDims(env.world_size, cfg.tensor_parallel_size, cfg.sequence_parallel)
         mesh = self._dims.build_mesh(env.device.type)
         self._dp_rank, self._dp_group = mesh.get_local_rank(MeshAxis.DP), mesh.get_group(MeshAxis.DP)
@@ -72,7 +81,9 @@ class DTensorBackend:
                                      compute_dtype=getattr(torch, settings.dtype),
                                      activation_checkpointing=cfg.activation_checkpointing,
                                      offload_policy=offload_policy(cfg.cpu_offload, env.device),
-                                     sequence_classifier=settings.reward_model_cfg.enabled)
+                                     sequence_classifier=settings.reward_model_cfg.enabled, lora_cfg=self._lora,
+                                     seed=settings.seed, custom_plan=(resolve_parallel_plan(cfg.custom_parallel_plan)
+                                                                      if cfg.custom_parallel_plan else None))
         self._model = policy.model
         self.dropout_free = dropout_free(self._model)
         """No dropout is active in training: the first optimizer step's previous logprobs are its own (losses)."""
@@ -143,6 +154,8 @@ class DTensorBackend:
                 tail = position_ids[:, -1:] + torch.arange(1, extra + 1, device=position_ids.device)
                 position_ids = torch.cat([position_ids, tail], dim=1)
         logits = self._model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+        if isinstance(logits, DTensor):  # a custom plan may leave the head's output sharded over the vocabulary
+            logits = logits.full_tensor()
         return logits[:, :width]
 
     @torch.no_grad()
@@ -232,7 +245,12 @@ class DTensorBackend:
     def iter_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective generator: every rank all-gathers one parameter at a time (`full_tensor()`),
         in `hf_tensor_shapes` order (the bucket plan's); rank 0 yields it (on this rank's
-        device), the others yield nothing but must exhaust it. `held_bytes` counts what rank 0 holds."""
+        device), the others yield nothing but must exhaust it. `held_bytes` counts what rank 0 holds.
+        With LoRA the tensors are the merged ones (lora.iter_merged)."""
+        if self._lora is not None:
+            yield from lora.iter_merged(self._model, list(self.hf_tensor_shapes), self._lora.scaling, self.rank,
+                                        self.held_bytes)
+            return
         state = self._model.state_dict()
         for name in self.hf_tensor_shapes:
             value = state[name]
@@ -246,22 +264,47 @@ class DTensorBackend:
             del full  # freed before the next parameter is gathered
 
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self._lora is not None:
+            merged = {name: tensor.cpu() for name, tensor in self.iter_hf_tensors()}
+            return merged if self.rank == 0 else None
         full = get_model_state_dict(self._model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return None
         return {name: self.held_bytes.track(full[name]) for name in self.hf_tensor_shapes}
 
     def save_checkpoint(self, path: Path) -> None:
-        checkpoint.save_checkpoint(path, self._model, self._optimizer, rank=self.rank,
-                                   world_size=self.world_size, global_step=self.global_step)
+        checkpoint.save_checkpoint(path, self._model, self._optimizer, rank=self.rank, world_size=self.world_size,
+                                   global_step=self.global_step, trained_only=self._lora is not None)
         dist.barrier(group=self._env.cpu_group)
 
     def load_checkpoint(self, path: Path) -> int:
         if not checkpoint.is_checkpoint(path):  # every rank raises before any collective
             raise ValueError(f"no trainer checkpoint at {path}")
-        self.global_step = checkpoint.load_checkpoint(path, self._model, self._optimizer, rank=self.rank)
+        self.global_step = checkpoint.load_checkpoint(path, self._model, self._optimizer, rank=self.rank,
+                                                      trained_only=self._lora is not None)
         return self.global_step
+
+    def export_adapter(self, path: Path) -> int:
+        """Collective: with LoRA, the adapters in PEFT's layout into `path` (rank 0); else nothing."""
+        if self._lora is None:
+            return 0
+        return lora.export_adapter(self._model, self._lora, self._model_name, path, self.rank)
 
     def close(self) -> None:
         self._optimizer.zero_grad(set_to_none=True)
         self._reference.clear()
+
+
+def check_context_parallel(size: int, device: torch.device) -> None:
+    """dtensor_cfg.context_parallel_size > 1 (see the key's doc): refused with what is missing."""
+    if size == 1:
+        return
+    if device.type != "cuda":
+        raise ValueError(f"dtensor_cfg.context_parallel_size={size} needs CUDA: torch's context_parallel shards "
+                         "only the CUDA SDPA kernels (flash / memory-efficient / cuDNN ring attention), and this "
+                         "trainer runs on CPU, where torch's attention has no ring kernel; set it to 1 (or use "
+                         "megatron_cfg.context_parallel_size on GPUs)")
+    raise ValueError(f"dtensor_cfg.context_parallel_size={size}: the DTensor backend does not run torch's "
+                     "context_parallel yet (its ring attention must enclose forward and backward of every micro-batch, "
+                     "and the FSDP mesh must span dp x cp); set it to 1, or use megatron_cfg.context_parallel_size "
+                     "(Megatron with Transformer Engine's ring attention)")

@@ -12,6 +12,8 @@ Order (each step is needed by the next):
 6. Non-persistent buffers (rotary `inv_freq`) are not in any state dict and `to_empty`
    leaves them as garbage: rank 0 copies them from its loaded model and broadcasts them.
 7. Gradients are reduced as a plain SUM (divide factor 1): losses are normalised globally.
+With LoRA (lora.py) the model is wrapped with PEFT's adapters right after step 1, on every rank
+and on rank 0's loaded copy alike, so both state dicts have the same names.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
 
+from trainer_svc.backends.dtensor import lora
 from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, apply_tensor_parallel, check_tensor_parallel
+from trainer_svc.config.lora import LoraSettings
 from trainer_svc.distributed import DistEnv
 from trainer_svc.hf import classifier_config
 
@@ -52,7 +57,8 @@ class ShardedPolicy:
 def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims: ParallelDims,
                         compute_dtype: torch.dtype, activation_checkpointing: bool,
                         offload_policy: OffloadPolicy | None = None,
-                        sequence_classifier: bool = False) -> ShardedPolicy:
+                        sequence_classifier: bool = False, lora_cfg: LoraSettings | None = None,
+                        seed: int = 0, custom_plan: dict | None = None) -> ShardedPolicy:
     """Load `model_dir` (any AutoModelForCausalLM checkpoint) sharded over the (dp, tp) `mesh`;
     with `sequence_classifier`, as a one-output AutoModelForSequenceClassification (a reward
     model; see `trainer_svc.hf.classifier_config`)."""
@@ -68,6 +74,9 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
     hf_shapes = _hf_tensor_shapes(model)
     num_parameters = sum(p.numel() for p in model.parameters())
     vocab_size = int(model.get_input_embeddings().weight.shape[0])
+    adapters = lora_cfg is not None and lora_cfg.enabled
+    if adapters:
+        model = lora.wrap(model, lora_cfg)
     buffers = [(f"{mod_name}.{b}" if mod_name else b, module, b) for mod_name, module in model.named_modules()
                for b in module._non_persistent_buffers_set if module._buffers.get(b) is not None]
     layers = _decoder_layers(model)
@@ -76,39 +85,59 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
             raise ValueError("a reward model (policy.reward_model_cfg.enabled) trains without tensor parallel; "
                              "set policy.dtensor_cfg.tensor_parallel_size=1")
         check_tensor_parallel(config, dims.tp)
-        apply_tensor_parallel(model, layers, mesh[MeshAxis.TP], sequence_parallel=dims.sequence_parallel)
+        if custom_plan is not None:  # dtensor_cfg.custom_parallel_plan (NeMo-RL's form)
+            parallelize_module(model, mesh[MeshAxis.TP], custom_plan)
+        else:
+            apply_tensor_parallel(model, layers, mesh[MeshAxis.TP], sequence_parallel=dims.sequence_parallel)
     if activation_checkpointing:
         layer_ids = {id(layer) for layer in layers}
         apply_activation_checkpointing(
             model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
             check_fn=lambda m: id(m) in layer_ids)
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    shard = partial(fully_shard, mesh=mesh[MeshAxis.DP], mp_policy=mp, reshard_after_forward=True,
-                    offload_policy=offload_policy or OffloadPolicy())
-    for layer in layers:
-        shard(layer)
-    shard(model)
+    _fully_shard(model, layers, mesh[MeshAxis.DP], compute_dtype, offload_policy)
     model.to_empty(device=env.device)
 
-    full_state, full_buffers = {}, {}
-    if env.rank == 0:
+    def load_full() -> nn.Module:  # rank 0 only
         loaded = auto_class.from_pretrained(model_dir, config=config, dtype=torch.float32)
-        full_state = loaded.state_dict()
-        full_buffers = dict(loaded.named_buffers())
-    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    with torch.no_grad():
-        for name, module, buffer_name in buffers:
-            tensor = module._buffers[buffer_name]
-            if env.rank == 0:
-                tensor.copy_(full_buffers[name])
-            dist.broadcast(tensor, src=0)
-    del full_state, full_buffers
+        if adapters:
+            loaded = lora.wrap(loaded, lora_cfg)
+            lora.init_adapters(loaded, lora_cfg, seed)
+        return loaded
+
+    _fill_from_rank0(model, load_full, buffers, env.rank)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
     pad_id = config.pad_token_id if isinstance(config.pad_token_id, int) else 0
     return ShardedPolicy(model, vocab_size, pad_id, hf_shapes, num_parameters, checkpoint_dtype)
+
+
+def _fully_shard(model: nn.Module, layers: list[nn.Module], dp_mesh: DeviceMesh, compute_dtype: torch.dtype,
+                 offload_policy: OffloadPolicy | None) -> None:
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    shard = partial(fully_shard, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=True,
+                    offload_policy=offload_policy or OffloadPolicy())
+    for layer in layers:
+        shard(layer)
+    shard(model)
+
+
+def _fill_from_rank0(model: nn.Module, load_full, buffers: list, rank: int) -> None:
+    """Rank 0 loads the full model (`load_full()`); its state dict is scattered into the shards
+    and the non-persistent buffers (not in any state dict) are broadcast."""
+    full_state, full_buffers = {}, {}
+    if rank == 0:
+        loaded = load_full()
+        full_state = loaded.state_dict()
+        full_buffers = dict(loaded.named_buffers())
+    set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name, module, buffer_name in buffers:
+            tensor = module._buffers[buffer_name]
+            if rank == 0:
+                tensor.copy_(full_buffers[name])
+            dist.broadcast(tensor, src=0)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -157,3 +157,28 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
             for g in grads:
                 (g.to_local() if isinstance(g, DTensor) else g).mul_(coef)
     return total
+
+
+def resolve_parallel_plan(dotted: str) -> dict:
+    """`dtensor_cfg.custom_parallel_plan`: the dict at a dotted path (module path, then attribute),
+    or the dict a function at that path returns (NeMo-RL's forms)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[cut:]:
+                target = getattr(target, attribute)
+        except AttributeError:
+            break
+        plan = target() if callable(target) else target
+        if not isinstance(plan, dict) or not plan:
+            raise ValueError(f"dtensor_cfg.custom_parallel_plan {dotted!r} is {type(plan).__name__}, not a non-empty "
+                             "dict of module paths to ParallelStyles (or a function returning one)")
+        return plan
+    raise ValueError(f"dtensor_cfg.custom_parallel_plan {dotted!r} names nothing importable: give "
+                     "'package.module.plan' (a dict, or a function returning one) on the trainer's PYTHONPATH")

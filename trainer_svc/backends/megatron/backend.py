@@ -11,6 +11,8 @@ Same losses, logprob alignment, metrics and global normalisation as the DTensor 
   loss is already divided by the step's global token count.
 - Metrics come from the last pipeline stage's first TP rank of every data-parallel replica.
 The reference policy is a copy of the initial weights swapped in (in place) for reference passes.
+Mixture-of-experts models (moe.py) add expert parallelism, frozen routers and the routers'
+load-balancing loss (moe_train.py); their export gathers experts over EP (moe_weights.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from trainer_svc.backends.megatron import checkpoint, cpu_compat
-from trainer_svc.backends.megatron.convert import Arch, hf_shapes
+from trainer_svc.backends.megatron import checkpoint, cpu_compat, gpu_features, moe, moe_weights
+from trainer_svc.backends.megatron.convert import hf_shapes
 from trainer_svc.backends.megatron.model import (
     OptimizerDefaults,
     build_gpt_model,
@@ -34,10 +36,13 @@ from trainer_svc.backends.megatron.model import (
     check_supported,
     compute_dtype,
     destroy_model_parallel,
+    freeze_routers,
     init_model_parallel,
     transformer_config,
     wrap_ddp,
 )
+from trainer_svc.backends.megatron.moe_train import MoeAuxLoss
+from trainer_svc.backends.megatron.tokens import TokenMath
 from trainer_svc.backends.megatron.weights import iter_hf_tensors, load_weights
 from trainer_svc.backends.reference import ReferenceWeights
 from trainer_svc.batching import (
@@ -56,7 +61,6 @@ from trainer_svc.losses import (
     LossInputs,
     build_loss_fn,
     count_loss_sequences,
-    masked_entropy_sum,
     previous_logprobs_needed,
 )
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
@@ -81,29 +85,37 @@ class MegatronBackend:
         if not (Path(settings.model_name) / "config.json").is_file():
             raise ValueError(f"model_name {settings.model_name!r} is not an HF checkpoint directory (no config.json)")
         hf_config = AutoConfig.from_pretrained(settings.model_name)
-        self.arch = Arch.from_hf_config(hf_config)
-        check_supported(cfg, self.arch, env.world_size, on_gpu=not cpu_compat.needed())
+        self.arch = moe.arch_from_hf_config(hf_config)
+        on_gpu = not cpu_compat.needed()
+        check_supported(cfg, self.arch, env.world_size, on_gpu=on_gpu)
         torch.manual_seed(settings.seed)
+        if moe.is_moe(self.arch):
+            gpu_features.patch_router_without_te()
         with cpu_compat.active():
             self.layout = init_model_parallel(cfg, settings.seed)
             dtype = compute_dtype(cfg, settings.dtype)
             self._config = transformer_config(self.arch, cfg, dtype)
-            self._model = build_gpt_model(self.arch, self._config, self.layout)
+            self._model = build_gpt_model(self.arch, self._config, self.layout, use_te=gpu_features.uses_te(cfg, on_gpu))
             self.conversion, self.conversion_s = load_weights(self._model, self.arch, self.layout, settings.model_name, rank=self.rank,
                                            group=env.cpu_group, log=self._log)
+            if cfg.freeze_moe_router:
+                freeze_routers(self._model)
             self._ddp = wrap_ddp(self._model, self._config, cfg)
             self._config.no_sync_func = self._ddp.no_sync
             self._config.finalize_model_grads_func = _finalize_summed
             opt = settings.optimizer
             defaults = OptimizerDefaults(opt.lr, opt.weight_decay, opt.betas, opt.eps, settings.max_grad_norm)
             self._optimizer, self._scheduler = build_optimizer(self._ddp, cfg, defaults, dtype)
-        self._sequence_multiple = self.layout.tp_size if cfg.sequence_parallel else 1
+        self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
+        self._tokens = _token_math(self._pad_id, self.arch.vocab_size)  # context parallel: tokens.py
+        self._sequence_multiple = (self.layout.tp_size if cfg.sequence_parallel else 1) * self._tokens.width_multiple
         self._params = [p for p in self._model.parameters()]
+        self._moe_aux = MoeAuxLoss(self._config, self.arch, cfg) if moe.is_moe(self.arch) else None
         self._reference = ReferenceWeights(self._params)
         self.held_bytes = HeldBytes()
-        self._pad_id = hf_config.pad_token_id if isinstance(hf_config.pad_token_id, int) else 0
         self.vocab_size = self.arch.vocab_size
-        self.hf_tensor_shapes = hf_shapes(self.arch)
+        self.hf_tensor_shapes = (moe.hf_shapes(self.arch, self.layout.ep_size) if moe.is_moe(self.arch)
+                                 else hf_shapes(self.arch))
         self.num_parameters = sum(math.prod(s) for s in self.hf_tensor_shapes.values())
         dtype_name = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
         self.checkpoint_dtype = getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name
@@ -114,7 +126,7 @@ class MegatronBackend:
     @property
     def _contributes(self) -> bool:
         """This rank's loss outputs are counted (one rank per data-parallel replica)."""
-        return self.layout.is_last_stage and self.layout.tp_rank == 0
+        return self.layout.is_last_stage and self.layout.tp_rank == 0 and self.layout.cp_rank == 0
 
     def _micro_batches(self, samples: Sequence[Sample], micro_batch_size: int, num_micro: int,
                        width: int) -> list[MicroBatch]:
@@ -140,8 +152,7 @@ class MegatronBackend:
 
         def forward_step(data_iterator, model):
             batch = next(data_iterator)
-            ids = batch.input_ids
-            positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+            ids, positions = self._tokens.inputs(batch.input_ids)
             return model(ids, positions, None), partial(loss_func, batch)
 
         return get_forward_backward_func()(
@@ -150,16 +161,15 @@ class MegatronBackend:
             forward_only=forward_only)
 
     def _logits(self, output: torch.Tensor) -> torch.Tensor:
-        return output[..., :self.vocab_size].float()
+        return self._tokens.logits(output)
 
     # ------------------------------------------------------------------ logprobs
 
     def _score_batches(self, batches: list[MicroBatch]) -> list[torch.Tensor | None]:
         """[B, T-1] logprobs per micro-batch on the last stage (None elsewhere)."""
         def loss_func(batch, output):
-            logits = self._logits(output)
-            logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1))
-            return output.sum() * 0.0, torch.tensor(1), {"logprobs": logp.squeeze(-1).detach()}
+            logp = self._tokens.logprobs(output, batch.input_ids)
+            return output.sum() * 0.0, torch.tensor(1), {"logprobs": logp.detach()}
 
         self._model.eval()
         with torch.no_grad():
@@ -254,18 +264,19 @@ class MegatronBackend:
 
         def loss_func(batch, output):
             i = index[id(batch)]
-            logits = self._logits(output)
-            curr = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            curr = self._tokens.logprobs(output, batch.input_ids)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None, batch.generation_logprobs,
                                 ref[i] if ref else None)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             metrics = {**{k: v.detach().float() for k, v in out.metrics.items()},
-                       "entropy": masked_entropy_sum(logits[:, :-1], batch.mask) / max(num_tokens, 1)}
-            return out.loss, torch.tensor(1), metrics
+                       "entropy": self._tokens.entropy_sum(output, batch.mask) / max(num_tokens, 1)}
+            return out.loss * self._tokens.loss_scale, torch.tensor(1), metrics  # CP: every CP rank has the whole loss
 
         self._model.train()
         self._ddp.zero_grad_buffer()
         self._optimizer.zero_grad()
+        if self._moe_aux is not None:
+            self._moe_aux.prepare(*batches[0].input_ids.shape, len(batches), self.layout.dp_size)
         outputs = self._schedule(batches, loss_func, forward_only=False)
         if learning_rate is not None:
             for group in self._optimizer.param_groups:
@@ -286,6 +297,8 @@ class MegatronBackend:
             for name, value in part.items():
                 metrics[name] = metrics.get(name, 0.0) + value
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, num_tokens=float(num_tokens))
+        if self._moe_aux is not None:
+            metrics.update(self._moe_aux.collect(len(batches)))
         return metrics
 
     # ------------------------------------------------------------------ state
@@ -298,6 +311,11 @@ class MegatronBackend:
         # no cpu_compat.active() here: the export makes no CUDA tensors, and a mode entered in a
         # generator would stay pushed while the consumer (the weight sender) runs between items
         exports = self.layout.dp_rank == 0 and ps.get_context_parallel_rank() == 0
+        if moe.is_moe(self.arch):
+            yield from moe_weights.iter_moe_hf_tensors(self._model, self.arch, self.layout,
+                                                       groups=moe_weights.process_groups(), dense_exports=exports,
+                                                       rank=self.rank, held=self.held_bytes)
+            return
         stage_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
         yield from iter_hf_tensors(self._model, self.arch, self.layout, tp_group=ps.get_tensor_model_parallel_group(),
                                    stage_ranks=stage_ranks, exports=exports, rank=self.rank, held=self.held_bytes)
@@ -323,6 +341,13 @@ class MegatronBackend:
     def close(self) -> None:
         self._reference.clear()
         destroy_model_parallel()
+
+
+def _token_math(pad_id: int, vocab_size: int) -> TokenMath:
+    from megatron.core import parallel_state as ps
+
+    return TokenMath(ps.get_context_parallel_world_size(), ps.get_context_parallel_rank(),
+                     ps.get_context_parallel_group(), pad_id, vocab_size)
 
 
 def _finalize_summed(model, num_tokens=None, *args, **kwargs):

@@ -21,7 +21,8 @@ megatron-core assumes CUDA in a handful of places. Each patch below, and why:
    distributed optimizer, clip-grad's zero counter): under the mode `Tensor.type()` with no
    argument reports the CUDA type name of the tensor's dtype.
 5. `torch.cuda.synchronize`, `current_stream`, `default_stream`, `Stream`, `stream` (p2p
-   communication, DDP buckets): no-ops and null objects (CPU work is synchronous).
+   communication, DDP buckets, the MoE alltoall dispatcher's device-to-host event): no-ops and
+   null objects (CPU work is synchronous).
 6. gloo `scatter` with non-contiguous inputs silently sends wrong data (torch 2.13; seen as
    wrong TP=2 weights after a scatter of `torch.chunk(x, 2, dim=1)` slices): a wrapper makes
    every tensor of the scatter list contiguous.
@@ -53,7 +54,7 @@ def needed() -> bool:
 
 
 def install() -> None:
-    """Apply patches 1, 2, 5, 6 and 7 (process-wide, idempotent); patch 3-4 come with `active()`."""
+    """Apply patches 1, 2 and 5-8 (process-wide, idempotent); patch 3-4 come with `active()`."""
     global _INSTALLED
     if _INSTALLED or not needed():
         return
@@ -62,6 +63,7 @@ def install() -> None:
     _patch_scatter()
     _patch_torch_norm()
     _patch_causal_mask()
+    _patch_all_to_all_splits()
     _INSTALLED = True
 
 
@@ -146,8 +148,24 @@ class _NullStream:
     def synchronize(self) -> None:
         pass
 
-    def record_event(self, *args, **kwargs) -> None:
-        return None
+    def record_event(self, *args, **kwargs) -> _NullEvent:
+        return _NullEvent()
+
+
+class _NullEvent:
+    """What a null stream's `record_event` returns (the MoE alltoall dispatcher synchronizes on it)."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, *args, **kwargs) -> None:
+        pass
+
+    def record(self, *args, **kwargs) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
 
 
 def _patch_cuda_runtime() -> None:
@@ -167,6 +185,18 @@ def _patch_scatter() -> None:
         return original(tensor, scatter_list, *args, **kwargs)
 
     dist.scatter = scatter_contiguous
+
+
+def _patch_all_to_all_splits() -> None:
+    original = dist.all_to_all_single
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
+        def as_list(sizes):
+            return None if sizes is None else [int(n) for n in sizes]
+
+        return original(output, input, as_list(output_split_sizes), as_list(input_split_sizes), *args, **kwargs)
+
+    dist.all_to_all_single = all_to_all_single
 
 
 def _patch_torch_norm() -> None:

@@ -1,6 +1,7 @@
 """Build the Megatron side of the backend: model-parallel groups, the TransformerConfig of an
-HF Llama/Qwen2 architecture, the local-spec GPTModel of this rank's stage wrapped in
-Megatron DDP, and Megatron's optimizer with its LR/weight-decay scheduler.
+HF Llama/Qwen2 architecture (or a mixture-of-experts one, moe.py), the local-spec GPTModel of
+this rank's stage (Transformer Engine's spec on GPUs when an option needs it: gpu_features.py)
+wrapped in Megatron DDP, and Megatron's optimizer with its LR/weight-decay scheduler.
 
 `perform_initialization` stays True although the weights are then overwritten by the
 converted checkpoint: megatron-core 0.16.x only marks TP-sharded weights as
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer_svc.backends.megatron import cpu_compat
+from trainer_svc.backends.megatron import cpu_compat, gpu_features
 from trainer_svc.backends.megatron.convert import Arch, Shard
+from trainer_svc.backends.megatron.moe import ExpertShard, is_moe
 from trainer_svc.config.megatron import MegatronSettings
 
 
@@ -31,6 +33,17 @@ class Layout:
     pp_size: int
     dp_rank: int
     dp_size: int
+    ep_rank: int = 0
+    ep_size: int = 1
+    etp_rank: int = 0
+    etp_size: int = 1
+    edp_rank: int = 0
+    """Rank among the replicas of this rank's experts (expert data parallel)."""
+    cp_rank: int = 0
+
+    @property
+    def experts(self) -> ExpertShard:
+        return ExpertShard(self.ep_rank, self.ep_size, self.etp_rank, self.etp_size)
 
     @property
     def is_first_stage(self) -> bool:
@@ -53,7 +66,9 @@ def check_supported(cfg: MegatronSettings, arch: Arch, world_size: int, on_gpu: 
     if arch.num_kv_heads % tp:
         raise ValueError(f"megatron_cfg.tensor_model_parallel_size={tp} must divide the {arch.num_kv_heads} "
                          "key/value heads")
-    if cfg.expert_model_parallel_size > 1 or (cfg.expert_tensor_parallel_size or 1) > 1:
+    if is_moe(arch):
+        _check_moe_layout(cfg, arch, world_size)
+    elif cfg.expert_model_parallel_size > 1 or (cfg.expert_tensor_parallel_size or 1) > 1:
         raise ValueError(f"megatron_cfg.expert_model_parallel_size / expert_tensor_parallel_size > 1 need a "
                          f"mixture-of-experts model; {arch.family} is dense: set them to 1")
     if cfg.num_layers_in_first_pipeline_stage or cfg.num_layers_in_last_pipeline_stage:
@@ -63,17 +78,28 @@ def check_supported(cfg: MegatronSettings, arch: Arch, world_size: int, on_gpu: 
         raise ValueError("megatron_cfg.distributed_data_parallel_config.use_custom_fsdp is not supported; set it false")
     if cfg.optimizer.params_dtype != "float32":
         raise ValueError("megatron_cfg.optimizer.params_dtype must be float32 (use optimizer.bf16 for bf16 compute)")
-    if on_gpu:
-        return
-    refused = {"context_parallel_size > 1 (needs Transformer Engine attention)": cp > 1,
-               "optimizer.fp16 (loss-scaled float16 needs CUDA)": cfg.optimizer.fp16,
-               "optimizer.use_precision_aware_optimizer (needs Transformer Engine)":
-                   cfg.optimizer.use_precision_aware_optimizer,
-               "apply_rope_fusion (needs Transformer Engine)": cfg.apply_rope_fusion,
-               "gradient_accumulation_fusion (needs APEX CUDA extensions)": cfg.gradient_accumulation_fusion}
-    bad = [name for name, on in refused.items() if on]
-    if bad:
-        raise ValueError(f"megatron_cfg: {'; '.join(bad)} cannot run without a GPU: turn it off")
+    gpu_features.check_device(cfg, on_gpu=on_gpu)
+
+
+def _check_moe_layout(cfg: MegatronSettings, arch: Arch, world_size: int) -> None:
+    tp, pp, ep = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.expert_model_parallel_size
+    etp = cfg.expert_tensor_parallel_size or tp
+    if arch.moe.num_experts % ep:
+        raise ValueError(f"megatron_cfg.expert_model_parallel_size={ep} must divide the model's "
+                         f"{arch.moe.num_experts} experts")
+    if world_size % (etp * ep * pp):
+        raise ValueError(f"{world_size} trainer ranks are not a multiple of megatron_cfg expert_tensor ({etp}) x "
+                         f"expert_model ({ep}) x pipeline ({pp}) parallel sizes: change the sizes or cluster.trainer_ranks")
+    if arch.moe.expert_ffn % etp or arch.moe.shared_ffn % tp:
+        raise ValueError(f"the experts' width {arch.moe.expert_ffn} (shared expert: {arch.moe.shared_ffn}) must split "
+                         f"evenly over expert_tensor_parallel_size={etp} (tensor_model_parallel_size={tp})")
+    if tp > 1 and not cfg.sequence_parallel:
+        raise ValueError("megatron_cfg.sequence_parallel must be true with a mixture-of-experts model at "
+                         "tensor_model_parallel_size > 1 (Megatron's MoE layer needs it)")
+    if pp > 1 or cfg.context_parallel_size > 1:
+        raise ValueError("megatron_cfg.pipeline_model_parallel_size / context_parallel_size > 1 with a "
+                         "mixture-of-experts model are not supported yet (the expert export runs within one stage, "
+                         "the routers' loss is normalised without CP): set them to 1")
 
 
 def init_model_parallel(cfg: MegatronSettings, seed: int) -> Layout:
@@ -84,11 +110,16 @@ def init_model_parallel(cfg: MegatronSettings, seed: int) -> Layout:
     cpu_compat.install()
     ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tensor_model_parallel_size,
                                  pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
-                                 context_parallel_size=cfg.context_parallel_size)
+                                 context_parallel_size=cfg.context_parallel_size,
+                                 expert_model_parallel_size=cfg.expert_model_parallel_size,
+                                 expert_tensor_parallel_size=cfg.expert_tensor_parallel_size)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return Layout(ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size(),
                   ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size(),
-                  ps.get_data_parallel_rank(), ps.get_data_parallel_world_size())
+                  ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
+                  ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size(),
+                  ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size(),
+                  ps.get_expert_data_parallel_rank(), ps.get_context_parallel_rank())
 
 
 def destroy_model_parallel() -> None:
@@ -117,9 +148,28 @@ def transformer_config(arch: Arch, cfg: MegatronSettings, dtype: torch.dtype):
         recompute_granularity=granularity, recompute_method=method, recompute_num_layers=num_layers,
         use_cpu_initialization=True, perform_initialization=True, params_dtype=dtype, pipeline_dtype=pipeline_dtype,
         bf16=dtype == torch.bfloat16, gradient_accumulation_fusion=cfg.gradient_accumulation_fusion,
-        apply_rope_fusion=cfg.apply_rope_fusion, masked_softmax_fusion=False, bias_activation_fusion=False,
-        bias_dropout_fusion=False, persist_layer_norm=False, calculate_per_token_loss=True,
-        deallocate_pipeline_outputs=False)
+        apply_rope_fusion=cfg.apply_rope_fusion, masked_softmax_fusion=False,
+        bias_activation_fusion=cfg.bias_activation_fusion, bias_dropout_fusion=False, persist_layer_norm=False,
+        calculate_per_token_loss=True, deallocate_pipeline_outputs=False, **_moe_kwargs(arch, cfg),
+        **gpu_features.fp8_kwargs(cfg))
+
+
+def _moe_kwargs(arch: Arch, cfg: MegatronSettings) -> dict:
+    """TransformerConfig's mixture-of-experts fields (empty for a dense model)."""
+    if not is_moe(arch):
+        return {}
+    m, balancing = arch.moe, cfg.moe_router_load_balancing_type
+    return dict(
+        num_moe_experts=m.num_experts, moe_router_topk=m.topk, moe_ffn_hidden_size=m.expert_ffn,
+        moe_shared_expert_intermediate_size=m.shared_ffn or None, moe_shared_expert_gate=bool(m.shared_ffn),
+        moe_router_pre_softmax=m.pre_softmax, moe_router_load_balancing_type=balancing,
+        moe_aux_loss_coeff=m.aux_loss_coeff if balancing != "none" else 0.0, moe_router_dtype=cfg.moe_router_dtype,
+        moe_router_bias_update_rate=cfg.moe_router_bias_update_rate,
+        moe_token_dispatcher_type=cfg.moe_token_dispatcher_type, moe_permute_fusion=cfg.moe_permute_fusion,
+        moe_grouped_gemm=cfg.moe_grouped_gemm, moe_enable_deepep=cfg.moe_enable_deepep,
+        moe_shared_expert_overlap=cfg.moe_shared_expert_overlap, moe_per_layer_logging=cfg.moe_per_layer_logging,
+        expert_model_parallel_size=cfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=cfg.expert_tensor_parallel_size)
 
 
 def shard_of(arch: Arch, layout: Layout) -> Shard:
@@ -128,16 +178,27 @@ def shard_of(arch: Arch, layout: Layout) -> Shard:
                  layout.is_last_stage, arch.padded_vocab(layout.tp_size))
 
 
-def build_gpt_model(arch: Arch, config, layout: Layout):
+def build_gpt_model(arch: Arch, config, layout: Layout, *, use_te: bool = False):
     """This rank's stage of the GPTModel (full logits: `parallel_output=False` gathers the vocab)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+    spec = gpu_features.layer_spec(arch.moe.num_experts if is_moe(arch) else None, use_te)
+    return GPTModel(config=config, transformer_layer_spec=spec,
                     vocab_size=arch.padded_vocab(layout.tp_size), max_sequence_length=arch.max_position_embeddings,
                     pre_process=layout.is_first_stage, post_process=layout.is_last_stage, parallel_output=False,
                     share_embeddings_and_output_weights=arch.tie_word_embeddings, position_embedding_type="rope",
                     rotary_base=arch.rope_theta)
+
+
+def freeze_routers(model) -> int:
+    """freeze_moe_router: every MoE router's weights get no gradient (so Megatron's DDP and
+    optimizer leave them out); returns how many were frozen."""
+    frozen = 0
+    for name, param in model.named_parameters():
+        if name.endswith((".mlp.router.weight", ".mlp.router.expert_bias")):
+            param.requires_grad = False
+            frozen += 1
+    return frozen
 
 
 def wrap_ddp(model, config, cfg: MegatronSettings):

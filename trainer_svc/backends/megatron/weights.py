@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer_svc.backends.megatron import cache
+from trainer_svc.backends.megatron import cache, gpu_features, moe
 from trainer_svc.backends.megatron.convert import (
     Arch,
     hf_to_megatron,
@@ -45,7 +45,9 @@ def load_weights(model: torch.nn.Module, arch: Arch, layout: Layout, model_dir: 
         log.info("megatron_checkpoint_cache_hit", entry=str(entry), seconds=round(seconds, 3))
         return "cached", seconds
     start = time.perf_counter()
-    converted = hf_to_megatron(read_hf_tensors(model_dir), arch, shard_of(arch, layout))
+    get, shard = read_hf_tensors(model_dir), shard_of(arch, layout)
+    converted = (moe.hf_to_megatron(get, arch, shard, layout.experts) if moe.is_moe(arch)
+                 else hf_to_megatron(get, arch, shard))
     _assign(model, converted)
     convert_s = time.perf_counter() - start
     tmp = cache.temporary_entry(entry, rank, group)
@@ -59,7 +61,7 @@ def load_weights(model: torch.nn.Module, arch: Arch, layout: Layout, model_dir: 
 
 
 def _assign(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
+    params = {gpu_features.local_name(n): p for n, p in model.named_parameters()}  # TE spec: see gpu_features
     missing = sorted(set(params) - set(tensors))
     if missing:
         raise KeyError(f"the converter produced no value for {missing}")
@@ -107,7 +109,7 @@ def iter_hf_tensors(model: torch.nn.Module, arch: Arch, layout: Layout, *, tp_gr
     """
     if not exports:
         return
-    params = dict(model.named_parameters())
+    params = {gpu_features.local_name(n): p for n, p in model.named_parameters()}
     shard = shard_of(arch, layout)
     for name in megatron_names_in_order(arch, shard):
         shards = _gather(params[name], layout.tp_size, tp_group, held)
