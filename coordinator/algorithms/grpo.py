@@ -62,7 +62,7 @@ def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:
         return draw_rollouts(grpo, lambda r, n: rollout_round(ctx, step, r, n), num_groups)
 
     return RolloutPipeline(produce, grpo.num_prompts_per_step, max_age=grpo.async_grpo.max_age,
-                           published_version=lambda: ctx.publisher.version, cursor_state=lambda: ctx.cursor.state(),
+                           trainer_version=lambda: ctx.trainer_version, cursor_state=lambda: ctx.cursor.state(),
                            log=ctx.log)
 
 

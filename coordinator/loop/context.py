@@ -102,7 +102,7 @@ class LoopContext:
         background, then `on_published()` runs. Publishes run one at a time, in order; an error
         is raised by the next publish or wait_published()."""
         self._raise_failed_publish()
-        version = max(self.publisher.version, self._last_detached) + 1
+        version = self.trainer_version + 1
         self._last_detached = version
         trainer_done = threading.Event()
 
@@ -113,6 +113,11 @@ class LoopContext:
         self._detached.append(self._publishing.submit(publish))
         trainer_done.wait()
         return version
+
+    @property
+    def trainer_version(self) -> int:
+        """The version of the trainer's weights: the last published, or a detached one on its way."""
+        return max(self.publisher.version, self._last_detached)
 
     def wait_published(self) -> None:
         """Wait for the detached publishes in flight; raise the first one's error."""

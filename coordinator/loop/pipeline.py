@@ -11,8 +11,9 @@ step s asks for it, after step s - 1 published, validated and checkpointed: roll
 publish strictly alternate, exactly the synchronous step. With max_age k it runs up to k
 batches ahead while the trainer trains, and generators swap weights between its calls.
 
-Every group is checked again when its step takes it (age = published version - the oldest version
-that sampled any of its episodes); one older than the bound is dropped and replaced by a fresh
+Every group is checked again when its step takes it (age = the version the trainer holds then,
+published or still on its way to the generators, - the oldest version that sampled any of its
+episodes); one older than the bound is dropped and replaced by a fresh
 group (never trained on), and counted. Each batch keeps the data cursor's state after its
 prompts were drawn, so a checkpoint of step s resumes from the prompts after batch s even when
 later batches were already drawn.
@@ -47,12 +48,12 @@ Produce = Callable[[int, int], tuple[RolloutGroups, dict[str, float]]]
 
 
 class RolloutPipeline:
-    def __init__(self, produce: Produce, num_groups: int, *, max_age: int, published_version: Callable[[], int],
+    def __init__(self, produce: Produce, num_groups: int, *, max_age: int, trainer_version: Callable[[], int],
                  cursor_state: Callable[[], dict[str, int]], log):
         if max_age < 0:
             raise ValueError(f"max_age must be >= 0, got {max_age}")
         self._produce, self._num_groups, self.max_age = produce, num_groups, max_age
-        self._published_version, self._cursor_state, self._log = published_version, cursor_state, log
+        self._trainer_version, self._cursor_state, self._log = trainer_version, cursor_state, log
         self._changed = threading.Condition()
         self._produce_lock = threading.Lock()  # the data cursor is drawn by one producer at a time
         self._batches: dict[int, RolloutBatch] = {}
@@ -151,7 +152,7 @@ class RolloutPipeline:
 
     def _fresh(self, batch: RolloutBatch) -> RolloutBatch:
         """Drop (and replace) the groups older than the bound; record the ages."""
-        version = self._published_version()
+        version = self._trainer_version()
         ages = [version - min(e.weight_version for e in group) for group in batch.rollouts.groups]
         keep = [i for i, age in enumerate(ages) if age <= self.max_age]
         dropped = len(ages) - len(keep)

@@ -99,6 +99,8 @@ def test_async_grpo_trains_off_policy_within_the_age_bound(loop, tmp_path):
         assert m["weight_version"] == start + step
         # sampled by the weights it trains from (start + step - 1) or at most one version older
         assert start + step - 2 <= m["generation_weight_version"] <= start + step - 1, (step, m)
+        # the age is counted from the weights the step trains from, published or still in flight
+        assert m["trajectory_age_max"] == start + step - 1 - m["generation_weight_version"]
     assert actx.publisher.version == start + 4  # every detached publish arrived
     off_policy = [m for m in rows if m["trajectory_age_max"] == 1]
     assert off_policy, "the producer never ran ahead"

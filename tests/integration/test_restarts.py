@@ -69,10 +69,12 @@ def _services(run_dir: Path) -> dict[str, int]:
     return {name: entry["pid"] for name, entry in json.loads((run_dir / "services.json").read_text()).items()}
 
 
-def _first_child(pid: int) -> int:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    assert children, f"torchrun (pid {pid}) has no worker"
-    return int(children[0])
+def _rank0(torchrun_pid: int) -> int:
+    """torchrun's worker with RANK=0 (its first child is the JSON log forwarder, not a rank)."""
+    for child in Path(f"/proc/{torchrun_pid}/task/{torchrun_pid}/children").read_text().split():
+        if b"RANK=0" in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+            return int(child)
+    raise AssertionError(f"torchrun (pid {torchrun_pid}) has no rank 0 worker")
 
 
 def _stop_leftovers(run_dir: Path) -> None:
@@ -98,7 +100,7 @@ def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_res
             assert word in status.stdout, status.stdout
 
         before = _services(run_dir)
-        rank0 = _first_child(before["trainer"])
+        rank0 = _rank0(before["trainer"])
         os.kill(rank0, signal.SIGKILL)
         killed_at = len(_grpo_steps(run_dir))
         _wait(first, lambda: any(e["event"] == "trainer_restarted" for e in _events(run_dir)), "the trainer restart")

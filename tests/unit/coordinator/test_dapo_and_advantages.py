@@ -157,7 +157,8 @@ def test_grpo_step_with_dynamic_sampling_logs_its_counters(monkeypatch):
                                  state=lambda: {"epoch": 0, "position": 0})
     ctx.tokens = SimpleNamespace(prompt=lambda text: [1, 2])
     ctx.publish = lambda: SimpleNamespace(version=1)
-    ctx.publisher = SimpleNamespace(version=0)  # the episodes were sampled by version 0: age 0
+    ctx.publisher = SimpleNamespace(version=0)
+    ctx.trainer_version = 0  # the episodes were sampled by version 0: age 0
     ctx.release_generators = lambda: None
     metrics = grpo_module.grpo_step(ctx, 1)
     assert metrics["dynamic_sampling_num_gen_batches"] == 2.0

@@ -38,7 +38,7 @@ class World:
         return RolloutGroups(examples, [[1]] * num_groups, groups, rewards, rewards > 0), {"drawn": float(num_groups)}
 
     def pipeline(self, max_age: int) -> RolloutPipeline:
-        return RolloutPipeline(self.produce, 4, max_age=max_age, published_version=lambda: self.version,
+        return RolloutPipeline(self.produce, 4, max_age=max_age, trainer_version=lambda: self.version,
                                cursor_state=lambda: {"epoch": 0, "position": self.position},
                                log=structlog.get_logger())
 

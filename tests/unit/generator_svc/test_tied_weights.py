@@ -83,6 +83,7 @@ class Worker(TandemWeightExtension):
 
 
 def test_every_transport_ends_with_the_head_in_step(tmp_path, monkeypatch):
+    monkeypatch.setattr("generator_svc.worker_extension._workers", lambda: None)  # one worker: no fan-out
     monkeypatch.setattr("generator_svc.worker_extension.unquantized_embedding_methods", lambda: (PackingMethod,))
     model = tied_model()
     new = torch.randn(8, 4)

@@ -17,7 +17,8 @@ from tandem.torchrun import TORCHRUN_ENV, torchrun_head, torchrun_module
 # agent) listens on.
 _RANK = """
 import os
-print("RANK", os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
+line = " ".join(["RANK", os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["TORCHELASTIC_USE_AGENT_STORE"]])
+os.write(1, (line + "\\n").encode())  # one write: the ranks share the pipe
 if os.environ["RANK"] == "0":
     agent = os.getppid()
     inodes = {os.readlink(f"/proc/{agent}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{agent}/fd")
