@@ -22,7 +22,7 @@ from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
-from coordinator.data.examples import read_jsonl
+from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_moe import TinyMoeSpec, ensure_tiny_moe
@@ -55,7 +55,8 @@ def loop(tmp_path_factory):
     log = structlog.get_logger()
     try:
         with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-            yield LoopContext.connect(cfg, services, Tokens(model_dir), read_jsonl(train_path, cfg.data), 0, log)
+            tokens = Tokens(model_dir)
+            yield LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
     finally:
         if saved is None:
             os.environ.pop("TANDEM_MEGATRON_CHECKPOINT_DIR", None)
