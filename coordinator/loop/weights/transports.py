@@ -95,7 +95,7 @@ class CollectiveTransport:
         self._trainer, self._store_address, self._plan, self._log = trainer, store_address, plan, log
         self._op_timeout_s = op_timeout_s
         self._epoch = -1
-        self._members: tuple[str, ...] = ()
+        self._members: tuple[str, ...] | None = None  # the first send forms epoch 0, receivers or not
         self._secret = ""
 
     @property
@@ -103,7 +103,7 @@ class CollectiveTransport:
         return self._epoch
 
     def reset(self) -> None:
-        self._members = ()  # never reuse a group that failed: the next send forms a new epoch
+        self._members = None  # never reuse a group that failed: the next send forms a new epoch
 
     def _group_for(self, member_ids: tuple[str, ...]) -> GroupSpec:
         if member_ids != self._members:

@@ -105,6 +105,7 @@ def test_a_generator_sharing_the_trainers_weights_receives_nothing():
     report = publisher.publish([own])
     assert report.version == 1 and report.bytes_sent == 0
     assert trainer.groups[-1].world_size == 1 and not shared.received  # the trainer alone takes the version
+    assert trainer.groups[-1].epoch == 0  # a real epoch (the trainer refuses a negative one)
     assert publisher.versions.is_current("g-trainer") and publisher.admit([own]) == [own]
     publisher.publish([own, GeneratorHandle("g-vllm", vllm, 8)])  # a vLLM generator beside it: a group of two
     assert trainer.groups[-1].world_size == 2 and vllm.received == [(2, 1, 2)] and not shared.received
