@@ -92,6 +92,9 @@ def test_async_grpo_trains_off_policy_within_the_age_bound(loop, tmp_path):
         actx.wait_published()
     finally:
         rollouts.stop()
+        # this test's publisher formed its own groups on the shared services: the module's publisher
+        # forms a fresh epoch next (its old epoch's rendezvous keys name sockets closed since)
+        ctx.publisher.transport.reset()
     for step, m in enumerate(rows, 1):
         assert m["num_samples"] == 16 * 8 and m["stale_groups_dropped"] == 0.0
         assert 0 <= m["trajectory_age_max"] <= 1
