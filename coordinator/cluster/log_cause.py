@@ -6,7 +6,8 @@ torchrun's own; vLLM's engine process, then the front end's), with prefixes that
 process wrote it (`[rank0]: `, `(EngineCore pid=12) `). The cause is the last exception line
 that is not a wrapper reporting that something else failed (torchrun's ChildFailedError,
 vLLM's "Engine core initialization failed. See root cause above"); structured log lines with
-an `exception` or `error` field count too. Failing all that (an exit with a message and no
+an `exception` or `error` field count too, and output that the JSON logging wrapped
+(`"event": "output"`) is read as the text it wraps. Failing all that (an exit with a message and no
 traceback), the last line of the log.
 """
 
@@ -27,7 +28,7 @@ MAX_CHARS = 400
 
 def cause_line(text: str) -> str | None:
     """The line of `text` (a service's log) that names the cause of its exit; None if empty."""
-    lines = [_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
+    lines = [_PREFIX.sub("", _unwrapped(line.rstrip())) for line in text.splitlines()]
     causes = [c for c in (_cause_of(line) for line in lines) if c]
     useful = [c for c in causes if not any(w in c for w in _WRAPPERS)]
     if useful:
@@ -36,6 +37,19 @@ def cause_line(text: str) -> str | None:
     if plain:
         return plain[-1].strip()[:MAX_CHARS]
     return causes[-1][:MAX_CHARS] if causes else None
+
+
+def _unwrapped(line: str) -> str:
+    """A line of third-party output that a service's JSON logging wrapped
+    (`{"event": "output", "text": ...}`, tandem/process_logs.py) as it was written."""
+    if line.startswith("{") and '"output"' in line:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            return line
+        if isinstance(event, dict) and event.get("event") == "output" and isinstance(event.get("text"), str):
+            return event["text"].rstrip()
+    return line
 
 
 def _cause_of(line: str) -> str | None:

@@ -191,3 +191,12 @@ def test_the_cause_line_of_a_dead_service_skips_wrappers_and_prefixes():
     structured = json.dumps({"event": "engine_failed", "level": "error", "exception": "Traceback\nValueError: bad"})
     assert cause_line(f"{structured}\n") == "ValueError: bad"
     assert cause_line("") is None
+
+
+def test_the_cause_line_is_found_inside_output_the_json_logging_wrapped():
+    """A service's log as tandem.torchrun writes it: the ranks' and torchrun's own lines wrapped
+    as `{"event": "output", "text": ...}` (tandem/process_logs.py)."""
+    wrapped = "\n".join(json.dumps({"service": "torchrun", "event": "output", "text": line, "level": "info"})
+                        for line in TORCHRUN_TAIL.splitlines())
+    assert cause_line(wrapped) == cause_line(TORCHRUN_TAIL)
+    assert cause_line(wrapped).startswith("OSError: It looks like the config file")
