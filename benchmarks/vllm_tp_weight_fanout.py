@@ -5,7 +5,7 @@ their own gloo group (generator_svc/fanout.py, what Tandem does: the group keeps
 generator). Both are timed end to end (send start -> every worker holds the version) with the
 real WeightSender / WeightReceiver over loopback gloo, in processes of their own.
 
-    .venv/bin/python benchmarks/vllm_tp_weight_fanout.py --megabytes 25 100 --workers 2 --repeats 3
+    PYTHONPATH=. .venv/bin/python benchmarks/vllm_tp_weight_fanout.py --megabytes 25 100 --workers 2 --repeats 3
 """
 
 from __future__ import annotations
