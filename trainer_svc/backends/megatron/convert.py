@@ -67,6 +67,22 @@ def _pad_vocab(weight: torch.Tensor, padded: int) -> torch.Tensor:
     return torch.cat([weight, weight.new_zeros(padded - weight.shape[0], *weight.shape[1:])])
 
 
+def attention_layer(get: Callable[[str], torch.Tensor], names: dict[str, str], mg: str, arch: Arch,
+                    shard: Shard) -> dict[str, torch.Tensor]:
+    """One layer's norms and attention (this TP rank's shards) under the Megatron prefix `mg`;
+    dense and MoE layers share them (moe.py)."""
+    r, tp = shard.tp_rank, shard.tp_size
+    out = {mg + "input_layernorm.weight": get(names["input_layernorm"]).clone(),
+           mg + "pre_mlp_layernorm.weight": get(names["pre_mlp_layernorm"]).clone()}
+    qkv = _interleave_qkv(get(names["q"] + "weight"), get(names["k"] + "weight"), get(names["v"] + "weight"), arch)
+    out[mg + "self_attention.linear_qkv.weight"] = qkv.chunk(tp, dim=0)[r].reshape(-1, arch.hidden_size).clone()
+    if arch.qkv_bias:
+        bias = _interleave_qkv(get(names["q"] + "bias"), get(names["k"] + "bias"), get(names["v"] + "bias"), arch)
+        out[mg + "self_attention.linear_qkv.bias"] = bias.chunk(tp, dim=0)[r].reshape(-1).clone()
+    out[mg + "self_attention.linear_proj.weight"] = get(names["proj"]).chunk(tp, dim=1)[r].clone()
+    return out
+
+
 def hf_to_megatron(get: Callable[[str], torch.Tensor], arch: Arch, shard: Shard) -> dict[str, torch.Tensor]:
     """This rank's Megatron tensors (local-spec GPTModel names) from the HF tensors `get(name)`."""
     r, tp = shard.tp_rank, shard.tp_size
@@ -83,14 +99,7 @@ def hf_to_megatron(get: Callable[[str], torch.Tensor], arch: Arch, shard: Shard)
     for local in range(shard.num_layers):
         n = _layer_names(shard.first_layer + local)
         mg = n["mg"].format(local)
-        out[mg + "input_layernorm.weight"] = get(n["input_layernorm"]).clone()
-        out[mg + "pre_mlp_layernorm.weight"] = get(n["pre_mlp_layernorm"]).clone()
-        qkv = _interleave_qkv(get(n["q"] + "weight"), get(n["k"] + "weight"), get(n["v"] + "weight"), arch)
-        out[mg + "self_attention.linear_qkv.weight"] = qkv.chunk(tp, dim=0)[r].reshape(-1, arch.hidden_size).clone()
-        if arch.qkv_bias:
-            bias = _interleave_qkv(get(n["q"] + "bias"), get(n["k"] + "bias"), get(n["v"] + "bias"), arch)
-            out[mg + "self_attention.linear_qkv.bias"] = bias.chunk(tp, dim=0)[r].reshape(-1).clone()
-        out[mg + "self_attention.linear_proj.weight"] = row(get(n["proj"]))
+        out.update(attention_layer(get, n, mg, arch, shard))
         out[mg + "mlp.linear_fc1.weight"] = torch.cat([col(get(n["gate"])), col(get(n["up"]))])
         out[mg + "mlp.linear_fc2.weight"] = row(get(n["fc2"]))
     if shard.post_process:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer_svc.backends.megatron import convert
-from trainer_svc.backends.megatron.convert import Arch, Shard, _interleave_qkv, _layer_names
+from trainer_svc.backends.megatron.convert import Arch, Shard, _layer_names
 
 MOE_FAMILIES = ("qwen2_moe", "mixtral")
 _DENSE_MLP_TAILS = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
@@ -149,14 +149,7 @@ def hf_to_megatron(get: Callable[[str], torch.Tensor], arch: MoeArch, shard: Sha
     for local in range(shard.num_layers):
         layer = shard.first_layer + local
         n, mg = _layer_names(layer), f"decoder.layers.{local}."
-        out[mg + "input_layernorm.weight"] = get(n["input_layernorm"]).clone()
-        out[mg + "pre_mlp_layernorm.weight"] = get(n["pre_mlp_layernorm"]).clone()
-        qkv = _interleave_qkv(get(n["q"] + "weight"), get(n["k"] + "weight"), get(n["v"] + "weight"), arch)
-        out[mg + "self_attention.linear_qkv.weight"] = qkv.chunk(tp, dim=0)[r].reshape(-1, arch.hidden_size).clone()
-        if arch.qkv_bias:
-            bias = _interleave_qkv(get(n["q"] + "bias"), get(n["k"] + "bias"), get(n["v"] + "bias"), arch)
-            out[mg + "self_attention.linear_qkv.bias"] = bias.chunk(tp, dim=0)[r].reshape(-1).clone()
-        out[mg + "self_attention.linear_proj.weight"] = get(n["proj"]).chunk(tp, dim=1)[r].clone()
+        out.update(convert.attention_layer(get, n, mg, arch, shard))
         hf = _hf_moe_names(arch, layer)
         out[mg + "mlp.router.weight"] = get(hf["router"]).clone()
         for j in range(local_experts):
