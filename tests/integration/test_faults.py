@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import run_files as run
+
 pytestmark = pytest.mark.integration
 
 STEPS = 20  # steps take seconds: enough that all three faults land before the end, even on a quiet box
@@ -31,18 +33,6 @@ ARGS = ["run", "sft.max_num_steps=0", f"grpo.max_num_steps={STEPS}", "grpo.val_p
         "cluster.trainer_ranks=2", "cluster.num_generators=1", "cluster.restart_backoff_s=0.5",
         "logger.plot_enabled=false", "logger.tensorboard_enabled=false", "logger.log_dir=runs",
         "logger.run_name=faults"]
-
-
-def _events(run_dir: Path) -> list[dict]:
-    path = run_dir / "logs" / "coordinator.log"
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    return [json.loads(line) for line in lines if line.startswith("{")]
-
-
-def _grpo_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    return [r["step"] for r in rows if r["phase"] == "grpo"]
 
 
 class Output:
@@ -69,33 +59,19 @@ def _wait(proc, out: Output, condition, what: str, timeout_s: float = 600) -> fl
     return time.monotonic() - started
 
 
-def _services(run_dir: Path) -> dict[str, int]:
-    return {name: entry["pid"] for name, entry in json.loads((run_dir / "services.json").read_text()).items()}
-
-
-def _rank(torchrun_pid: int, rank: int) -> int:
-    """The pid of a torchrun worker by its RANK."""
-    for task in Path(f"/proc/{torchrun_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-            if f"RANK={rank}".encode() in environ:
-                return int(child)
-    raise AssertionError(f"torchrun {torchrun_pid} has no rank {rank}")
-
-
 def _back(run_dir: Path, label: str) -> bool:
     """The supervisor saw `label` back (it had noticed it missing)."""
-    return any(e["event"] == "service_back" and e["message"].startswith(label) for e in _events(run_dir))
+    return any(e["event"] == "service_back" and e["message"].startswith(label) for e in run.events(run_dir))
 
 
 def _kill_and_recover(proc, out, run_dir: Path, kill, done, what: str) -> str:
     """Kill something after the next step, wait for `done` and one more step; returns a timing line."""
-    steps = len(_grpo_steps(run_dir))
-    _wait(proc, out, lambda: len(_grpo_steps(run_dir)) > steps, f"a step before killing {what}")
-    killed_after = len(_grpo_steps(run_dir))
+    steps = len(run.grpo_steps(run_dir))
+    _wait(proc, out, lambda: len(run.grpo_steps(run_dir)) > steps, f"a step before killing {what}")
+    killed_after = len(run.grpo_steps(run_dir))
     kill()
     recovered = _wait(proc, out, done, f"{what} to come back")
-    _wait(proc, out, lambda: len(_grpo_steps(run_dir)) > killed_after, f"a step after {what} came back")
+    _wait(proc, out, lambda: len(run.grpo_steps(run_dir)) > killed_after, f"a step after {what} came back")
     return f"{what}: killed after step {killed_after}, back in {recovered:.1f}s"
 
 
@@ -107,30 +83,25 @@ def test_each_killed_service_comes_back_and_the_run_finishes_every_step_and_samp
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     out, timings = Output(proc), []
     try:
-        _wait(proc, out, lambda: len(_grpo_steps(run_dir)) >= 1, "GRPO step 1", timeout_s=900)
+        _wait(proc, out, lambda: len(run.grpo_steps(run_dir)) >= 1, "GRPO step 1", timeout_s=900)
         timings.append(_kill_and_recover(
-            proc, out, run_dir, lambda: os.killpg(_services(run_dir)["generator-0"], signal.SIGKILL),
+            proc, out, run_dir, lambda: os.killpg(run.services(run_dir)["generator-0"], signal.SIGKILL),
             lambda: _back(run_dir, "a generator"), "the only generator"))
         timings.append(_kill_and_recover(
-            proc, out, run_dir, lambda: os.killpg(_services(run_dir)["reward-arithmetic"], signal.SIGKILL),
+            proc, out, run_dir, lambda: os.killpg(run.services(run_dir)["reward-arithmetic"], signal.SIGKILL),
             lambda: _back(run_dir, "the reward service of task 'arithmetic'"), "the reward service"))
         status = subprocess.run([sys.executable, "-m", "coordinator.cli.main", "status", "--run-dir", str(run_dir)],
                                 capture_output=True, text=True, timeout=60, env=env)
         assert "relaunched: generator-0 x1, reward-arithmetic x1" in status.stdout, status.stdout + status.stderr
         timings.append(_kill_and_recover(
-            proc, out, run_dir, lambda: os.kill(_rank(_services(run_dir)["trainer"], 1), signal.SIGKILL),
-            lambda: any(e["event"] == "trainer_restarted" for e in _events(run_dir)), "trainer rank 1"))
+            proc, out, run_dir, lambda: os.kill(run.torchrun_rank(run.services(run_dir)["trainer"], 1), signal.SIGKILL),
+            lambda: any(e["event"] == "trainer_restarted" for e in run.events(run_dir)), "trainer rank 1"))
         _wait(proc, out, lambda: proc.poll() is not None, "the end of the run")
         assert proc.returncode == 0, out.text[-5000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        if (run_dir / "services.json").is_file():
-            for pid in _services(run_dir).values():
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        run.kill_services(run_dir)
     print("\n" + "\n".join(timings))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["grpo_steps"] == STEPS and summary["samples"] == STEPS * 16
@@ -141,8 +112,8 @@ def test_each_killed_service_comes_back_and_the_run_finishes_every_step_and_samp
     assert grpo[-1]["service_restarts"] == 3  # generator, reward service, trainer
     assert out.text.count("waiting for a generator") >= 2  # said on the console every few seconds
     assert "waiting for the reward service of task 'arithmetic'" in out.text and "waiting for the trainer" in out.text
-    relaunched = [e["name"] for e in _events(run_dir) if e["event"] == "service_relaunched"]
+    relaunched = [e["name"] for e in run.events(run_dir) if e["event"] == "service_relaunched"]
     assert relaunched == ["generator-0", "reward-arithmetic"]  # the trainer is the loop's to restart
-    restarted = next(e for e in _events(run_dir) if e["event"] == "trainer_restarted")
+    restarted = next(e for e in run.events(run_dir) if e["event"] == "trainer_restarted")
     print(f"trainer rank 1 -> resumed from step {restarted['step']}: restart-to-resume "
           f"{restarted['restart_to_resume_s']:.1f}s")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import run_files as run
+
 pytestmark = pytest.mark.integration
 
 STEPS = 12  # enough that the coordinator is killed mid-GRPO even on a quiet, fast box
@@ -37,25 +39,6 @@ def _tandem(*args: str, cwd: Path, home: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _events(run_dir: Path, name: str = "coordinator") -> list[dict]:
-    path = run_dir / "logs" / f"{name}.log"
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a service's log also holds the plain output of its libraries
-    return events
-
-
-def _grpo_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    return [r["step"] for r in rows if r["phase"] == "grpo"]
-
-
 def _wait(proc: subprocess.Popen, condition, what: str, timeout_s: float = 400) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -65,33 +48,12 @@ def _wait(proc: subprocess.Popen, condition, what: str, timeout_s: float = 400) 
         time.sleep(0.5)
 
 
-def _services(run_dir: Path) -> dict[str, int]:
-    return {name: entry["pid"] for name, entry in json.loads((run_dir / "services.json").read_text()).items()}
-
-
-def _rank0(torchrun_pid: int) -> int:
-    """torchrun's worker with RANK=0 (its first child is the JSON log forwarder, not a rank)."""
-    for child in Path(f"/proc/{torchrun_pid}/task/{torchrun_pid}/children").read_text().split():
-        if b"RANK=0" in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
-            return int(child)
-    raise AssertionError(f"torchrun (pid {torchrun_pid}) has no rank 0 worker")
-
-
-def _stop_leftovers(run_dir: Path) -> None:
-    if (run_dir / "services.json").is_file():
-        for pid in _services(run_dir).values():
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_resumes(tmp_path):
     run_dir = tmp_path / "runs" / "restarts"
     first = _tandem(*ARGS, cwd=tmp_path, home=tmp_path / "home")
     second = None
     try:
-        _wait(first, lambda: len(_grpo_steps(run_dir)) >= 2, "GRPO step 2")
+        _wait(first, lambda: len(run.grpo_steps(run_dir)) >= 2, "GRPO step 2")
         status = subprocess.run([sys.executable, "-m", "coordinator.cli.main", "status", "--run-dir", str(run_dir)],
                                 capture_output=True, text=True, timeout=60,
                                 env={**{k: v for k, v in os.environ.items() if k != "TANDEM_TOKEN"}, "COLUMNS": "200"})
@@ -99,24 +61,24 @@ def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_res
         for word in ("trainer", "generator", "reward", "healthy", "/256"):  # kinds, health, load in-flight/capacity
             assert word in status.stdout, status.stdout
 
-        before = _services(run_dir)
-        rank0 = _rank0(before["trainer"])
+        before = run.services(run_dir)
+        rank0 = run.torchrun_rank(before["trainer"], 0)
         os.kill(rank0, signal.SIGKILL)
-        killed_at = len(_grpo_steps(run_dir))
-        _wait(first, lambda: any(e["event"] == "trainer_restarted" for e in _events(run_dir)), "the trainer restart")
-        restarted = next(e for e in _events(run_dir) if e["event"] == "trainer_restarted")
+        killed_at = len(run.grpo_steps(run_dir))
+        _wait(first, lambda: any(e["event"] == "trainer_restarted" for e in run.events(run_dir)), "the trainer restart")
+        restarted = next(e for e in run.events(run_dir) if e["event"] == "trainer_restarted")
         assert restarted["step"] <= killed_at  # back to the last checkpoint
-        after_trainer = _services(run_dir)
+        after_trainer = run.services(run_dir)
         assert after_trainer["trainer"] != before["trainer"]
         assert after_trainer["generator-0"] == before["generator-0"]  # the generator kept running
         print(f"\ntrainer kill -9 -> resumed: relaunch {restarted['relaunch_s']:.1f}s, "
               f"restart-to-resume {restarted['restart_to_resume_s']:.1f}s")
 
-        _wait(first, lambda: len(_grpo_steps(run_dir)) >= restarted["step"] + 1, "a step after the restart")
+        _wait(first, lambda: len(run.grpo_steps(run_dir)) >= restarted["step"] + 1, "a step after the restart")
         os.kill(first.pid, signal.SIGKILL)  # the coordinator dies; its services live on in their own sessions
         first.wait(timeout=30)
-        assert len(_grpo_steps(run_dir)) < STEPS, "the run finished before the coordinator was killed"
-        sessions_before = sum(e["event"] == "registered" for e in _events(run_dir, "generator-0"))
+        assert len(run.grpo_steps(run_dir)) < STEPS, "the run finished before the coordinator was killed"
+        sessions_before = sum(e["event"] == "registered" for e in run.events(run_dir, "generator-0"))
 
         second = _tandem(*ARGS, cwd=tmp_path, home=tmp_path / "home")  # no --resume: it resumes by itself
         out, _ = second.communicate(timeout=600)
@@ -124,19 +86,19 @@ def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_res
         assert "resumed from" in out
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["grpo_steps"] == STEPS and summary["samples"] == STEPS * 16
-        assert _grpo_steps(run_dir) == list(range(1, STEPS + 1))  # every step once, none lost or repeated
+        assert run.grpo_steps(run_dir) == list(range(1, STEPS + 1))  # every step once, none lost or repeated
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert all(r["num_samples"] == 16 for r in rows if r["phase"] == "grpo")
-        events = _events(run_dir)
+        events = run.events(run_dir)
         adopted = next(e for e in events if e["event"] == "services_adopted" and e["names"])
         assert set(adopted["names"]) == {"trainer", "generator-0", "reward-arithmetic"}
         assert adopted["pids"] == after_trainer  # the same processes, not restarted
         assert not [e for e in events[events.index(adopted):] if e["event"] == "service_started"]
-        generator_events = [e["event"] for e in _events(run_dir, "generator-0")]
+        generator_events = [e["event"] for e in run.events(run_dir, "generator-0")]
         assert "coordinator_lost" in generator_events and "coordinator_back" in generator_events
         assert generator_events.count("registered") > sessions_before  # it re-registered, without restarting
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
-        _stop_leftovers(run_dir)
+        run.kill_services(run_dir)
