@@ -44,6 +44,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
+"""gRPC binds with SO_REUSEPORT by default: a second server on a port another process holds would
+bind too, and the kernel would split new connections between them. A held port is an error."""
 
 
 class FailedPrecondition(RuntimeError):
@@ -296,16 +299,20 @@ async def start_server(
 ) -> RunningServer:
     """Start an aio server on host:port (0 = any free port). Health ("" and each named service)
     is NOT_SERVING until mark_ready."""
-    server = grpc.aio.server(interceptors=[AuthInterceptor(token), ErrorInterceptor(log)], options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(interceptors=[AuthInterceptor(token), ErrorInterceptor(log)], options=SERVER_OPTIONS)
     for add in register:
         add(server)
     names = tuple(service_names)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((*names, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises this where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not bind {host}:{port}")
+        raise OSError(f"could not listen on {host}:{port}: the port is taken (another process holds it) or the "
+                      "address is not this host's")
     for name in ("", *names):  # before the port answers: no probe ever sees SERVING too early
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()

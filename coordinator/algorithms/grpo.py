@@ -63,7 +63,7 @@ def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:
 
     return RolloutPipeline(produce, grpo.num_prompts_per_step, max_age=grpo.async_grpo.max_age,
                            trainer_version=lambda: ctx.trainer_version, cursor_state=lambda: ctx.cursor.state(),
-                           log=ctx.log)
+                           log=ctx.log, stopping=ctx.stopping)
 
 
 def rollout_round(ctx: LoopContext, step: int, round_index: int, num_prompts: int) -> RolloutGroups:

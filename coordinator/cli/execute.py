@@ -12,6 +12,7 @@ from rich.markup import escape
 def execute(run, console: Console) -> tuple[int, dict | None]:
     """Run it; (exit code, summary or None)."""
     from coordinator.cluster.launcher import ServiceDied
+    from coordinator.cluster.local import AddressTaken
     from coordinator.loop.drift import DriftError
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -20,6 +21,6 @@ def execute(run, console: Console) -> tuple[int, dict | None]:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every service was stopped[/]")
         return 130, None
-    except (ServiceDied, TimeoutError, DriftError) as exc:
+    except (ServiceDied, AddressTaken, TimeoutError, DriftError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}\n(every service this run started was stopped)")
         return 1, None

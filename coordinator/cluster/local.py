@@ -46,6 +46,10 @@ def _previous_port(run_dir: Path) -> int:
     return int(path.read_text().strip().rpartition(":")[2]) if path.is_file() else 0
 
 
+class AddressTaken(RuntimeError):
+    """The coordinator's port is held by another process where the run's services look for it."""
+
+
 class HostedService(Protocol):
     """A service the caller runs in this process (the Python API's reward_fn): started once the
     coordinator serves, so it can register like any launched service, and stopped at the end."""
@@ -124,6 +128,10 @@ class LocalCluster:
         try:
             return self.server.start()
         except OSError as exc:  # the previous address is taken: services started before must be replaced
+            if self.cfg.cluster.launch != "local":  # services started elsewhere look for it at this address
+                raise AddressTaken(f"the coordinator cannot listen where this run's services look for it ({exc}); "
+                                  "stop the process that holds the port (an earlier coordinator of this run?) or "
+                                  "set cluster.port") from exc
             self.log.warning("coordinator_address_taken", error=str(exc))
             self.adopt = False  # services that outlived the last coordinator cannot reach this one: replace them
             self.server = CoordinatorServer(self.registry, self.status, host=self.cfg.cluster.host, port=0,

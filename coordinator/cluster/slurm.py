@@ -195,6 +195,14 @@ STOP_STEPS = """stop_steps() {  # SIGTERM to every step's tasks (not to this scr
 }"""
 
 
+WAIT_PORT = """wait_port() {  # a requeue: the last incarnation's coordinator must be gone before any service starts
+  for waited in $(seq 0 120); do
+    (exec 3<>"/dev/tcp/${nodes[0]}/$1") 2>/dev/null || return 0; sleep 1
+  done
+  echo "tandem: port $1 of ${nodes[0]} is still taken after ${waited}s" >&2
+}"""
+
+
 def run_script(layout: Layout, options: Options) -> str:
     """The batch script of a whole run (resubmitting it, or a requeue, resumes the run)."""
     resources = [f"--nodes={layout.nodes}", "--ntasks-per-node=1", "--requeue" if options.requeue else "--no-requeue"]
@@ -212,6 +220,7 @@ def run_script(layout: Layout, options: Options) -> str:
              f'coordinator="${{nodes[0]}}:{options.port}"',
              f'echo "$coordinator" > "{address}.tmp" && mv -f "{address}.tmp" "{address}"  # for joining generators',
              'echo "tandem: job $SLURM_JOB_ID restart $restart on ${nodes[*]}; coordinator $coordinator"',
+             f"{WAIT_PORT}\nwait_port {options.port}",
              "pids=()",
              'step() { "$@" < /dev/null & pids+=($!); }',
              _trainer_step(layout, options), *_generator_steps(layout, options), *_reward_steps(layout),

@@ -28,6 +28,10 @@ from coordinator.loop.weights.transports import PublishReport, build_transport
 from tandem.colocation import resolve_colocation
 
 
+class Stopped(Exception):
+    """A wait for a missing service ended because the loop is stopping."""
+
+
 @dataclass
 class LoopContext:
     cfg: ExperimentConfig
@@ -46,6 +50,8 @@ class LoopContext:
     _last_detached: int = 0
     reward_seconds: float = 0.0
     """Time spent in reward service calls so far (a step's reward time is the difference)."""
+    stopping: threading.Event = field(default_factory=threading.Event, repr=False)
+    """Set while the loop stops (the rollout pipeline's stop): waits for a missing service end (`pause`)."""
 
     @classmethod
     def connect(cls, cfg: ExperimentConfig, services: Services, tokens: Tokens, examples: list[Example], seed: int,
@@ -71,7 +77,7 @@ class LoopContext:
         live = self.publisher.admit(self.services.all_generators())
         deadline = time.monotonic() + self.generator_wait_s
         while not live and time.monotonic() < deadline:
-            time.sleep(0.5)
+            self.pause(0.5)
             live = self.publisher.admit(self.services.all_generators())
         return live
 
@@ -79,7 +85,14 @@ class LoopContext:
         """Routes by task to the live reward services, looked up again before every call (so a
         swapped service takes over at once), retrying a dead one's calls (loop/scoring.py)."""
         return RewardRouter(self.services.reward_clients(), refresh=self.services.reward_clients,
-                            on_failure=self.services.reward_failed, log=self.log, on_time=self._add_reward_time)
+                            on_failure=self.services.reward_failed, log=self.log, on_time=self._add_reward_time,
+                            sleep=self.pause)
+
+    def pause(self, seconds: float) -> None:
+        """Wait `seconds` before looking for a missing service again; raises Stopped at once
+        when the loop is stopping (no stop waits for a service that is not coming back)."""
+        if self.stopping.wait(seconds):
+            raise Stopped("the run is stopping: no more waiting for services")
 
     def _add_reward_time(self, seconds: float) -> None:
         self.reward_seconds += seconds

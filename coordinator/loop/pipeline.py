@@ -19,7 +19,9 @@ prompts were drawn, so a checkpoint of step s resumes from the prompts after bat
 later batches were already drawn.
 
 The producer runs on a thread of its own: an error there (a dead trainer, dynamic sampling
-exhausted) is raised by the `take` of the step it was producing.
+exhausted) is raised by the `take` of the step it was producing. Stopping sets `stopping`, the
+event the producer's waits for a missing service watch (LoopContext.pause), so a stop (Ctrl-C,
+SIGTERM, a requeue) never waits for a reward service or generator that is not coming back.
 """
 
 from __future__ import annotations
@@ -49,12 +51,13 @@ Produce = Callable[[int, int], tuple[RolloutGroups, dict[str, float]]]
 
 class RolloutPipeline:
     def __init__(self, produce: Produce, num_groups: int, *, max_age: int, trainer_version: Callable[[], int],
-                 cursor_state: Callable[[], dict[str, int]], log):
+                 cursor_state: Callable[[], dict[str, int]], log, stopping: threading.Event | None = None):
         if max_age < 0:
             raise ValueError(f"max_age must be >= 0, got {max_age}")
         self._produce, self._num_groups, self.max_age = produce, num_groups, max_age
         self._trainer_version, self._cursor_state, self._log = trainer_version, cursor_state, log
         self._changed = threading.Condition()
+        self._stop_waits = stopping or threading.Event()
         self._produce_lock = threading.Lock()  # the data cursor is drawn by one producer at a time
         self._batches: dict[int, RolloutBatch] = {}
         self._errors: dict[int, BaseException] = {}
@@ -78,7 +81,9 @@ class RolloutPipeline:
             self._stopping = True
             self._changed.notify_all()
         if thread is not None:
+            self._stop_waits.set()  # a producer waiting for a missing service gives up at once
             thread.join(timeout_s)
+            self._stop_waits.clear()
         self._batches.clear()
         self._errors.clear()
 

@@ -107,3 +107,34 @@ def test_a_lone_step_is_the_same_pipeline_of_one_batch():
     pipeline = world.pipeline(max_age=0)
     assert pipeline.take(5).step == 5 and world.produced == [(5, 0)]
     pipeline.stop()
+
+
+def test_a_stop_ends_a_producer_that_waits_for_a_reward_service_that_never_comes():
+    """Ctrl-C, SIGTERM or a Slurm requeue while no reward service is live: the stop must not wait
+    for one (a requeued run's old coordinator once lingered, and took the new reward service's
+    registration, until a service came back)."""
+    from coordinator.loop.context import LoopContext
+    from coordinator.loop.scoring import RewardRouter
+    from reward_svc.types import ScoreItem
+
+    ctx = LoopContext(None, None, None, None, None, structlog.get_logger(), None)
+    router = RewardRouter({}, refresh=dict, sleep=ctx.pause, initial_backoff_s=0.05, max_backoff_s=0.2)
+    waiting = threading.Event()
+
+    def produce(step, num_groups):
+        waiting.set()
+        router.score([ScoreItem("t", "p", "c", "a")])
+        raise AssertionError("scored without a reward service")
+
+    pipeline = RolloutPipeline(produce, 4, max_age=1, trainer_version=lambda: 0, cursor_state=dict,
+                               log=structlog.get_logger(), stopping=ctx.stopping)
+    pipeline.start(1, 1)
+    assert waiting.wait(10)
+    time.sleep(0.3)  # a few retries
+    thread = pipeline._thread
+    pipeline.stop(timeout_s=10)
+    assert not thread.is_alive()
+    assert not ctx.stopping.is_set()  # the next start waits for services again
+    with pytest.raises(Exception, match="stopping"):
+        ctx.stopping.set()
+        ctx.pause(5)

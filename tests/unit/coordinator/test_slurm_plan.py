@@ -2,7 +2,10 @@
 and the scripts (parsed by bash itself, `bash -n`). tests/slurm runs them on a real Slurm."""
 
 import shlex
+import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,16 @@ def test_tandem_slurm_writes_the_run_directory(tmp_path, monkeypatch):
         prepare(parse_args(["logger.log_dir=runs", "--join", "1"]))
     join, _ = prepare(parse_args([f"logger.run_name={name}", "logger.log_dir=runs", "--join", "2"]))
     assert join.parent == run_dir / "slurm" and join.name.startswith("join-")
+
+
+def test_a_requeued_run_starts_its_services_only_once_the_last_coordinator_let_go_of_its_port(tmp_path):
+    """The run script's wait_port, against a real listener on this host that closes after a while."""
+    script = slurm.run_script(slurm.plan(load_config(None, [])), _options(tmp_path))
+    assert script.index("wait_port 50051") < script.index("step srun")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    threading.Timer(1.5, listener.close).start()
+    started = time.monotonic()
+    done = subprocess.run(["bash", "-c", f"nodes=(127.0.0.1)\n{slurm.WAIT_PORT}\nwait_port {port} && echo free"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout == "free\n" and time.monotonic() - started >= 1.0, (done.stdout, done.stderr)

@@ -61,3 +61,17 @@ def test_a_weight_sync_group_out_of_range_is_refused(fields):
     group = common_pb2.WeightSyncGroup(**{"store_address": "127.0.0.1:1", "world_size": 2, **fields})
     with pytest.raises(ValueError, match="out of range"):
         group_from_pb(group)
+
+
+def test_a_port_another_server_holds_is_an_error_not_a_shared_port(address):
+    """gRPC binds with SO_REUSEPORT unless told not to: a second coordinator on a fixed port then
+    binds too and the kernel splits new connections between the two (a requeued Slurm run's
+    services registered with the previous incarnation's coordinator, which was still stopping)."""
+    port = int(address.rpartition(":")[2])
+
+    async def second() -> None:
+        running = await start_server([], [], host="127.0.0.1", port=port, token="t", log=structlog.get_logger())
+        await running.stop(0)  # bound beside the first: stop it, so the failure is an assertion, not a hang
+
+    with pytest.raises(OSError, match=f"127.0.0.1:{port}.*taken"):
+        asyncio.run(second())
