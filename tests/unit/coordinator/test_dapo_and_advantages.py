@@ -2,6 +2,7 @@
 shaping) against hand-computed values, and one GRPO step with fake rollouts and trainer."""
 
 import math
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -98,7 +99,7 @@ def _ctx(overrides, trainer=None):
     cfg = load_config(overrides=["policy.train_global_batch_size=4", "grpo.num_prompts_per_step=2",
                                  "grpo.num_generations_per_prompt=2", *overrides])
     services = SimpleNamespace(trainer=trainer or _FakeTrainer())
-    return SimpleNamespace(cfg=cfg, services=services, log=None)
+    return SimpleNamespace(cfg=cfg, services=services, log=None, stopping=threading.Event())
 
 
 def test_overlong_filtering_masks_truncated_samples_but_keeps_them_in_the_baseline():
