@@ -148,16 +148,19 @@ def run_dir(settings: GeneratorSettings, pid: int) -> Path:
 def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_path: Path) -> dict[str, str]:
     """Environment variables to set before vLLM is imported, given the current environment.
 
-    Caches go to cache_dir (else scratch_dir); sockets and temp files to `run_path`.
+    Caches go to cache_dir (else scratch_dir), unless the environment already names them
+    (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR: one cache shared by several Tandem homes; without
+    vLLM's model-info cache a start inspects the architecture in a subprocess that imports vLLM
+    once more, ~6 s); sockets and temp files go to `run_path`.
     """
     caches = settings.cache_dir or settings.scratch_dir
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_space_gib),
-        "VLLM_CACHE_ROOT": str(caches / "vllm-cache"),
+        "VLLM_CACHE_ROOT": current.get("VLLM_CACHE_ROOT") or str(caches / "vllm-cache"),
         "VLLM_CONFIG_ROOT": str(settings.scratch_dir / "vllm-config"),
         # Where torch.compile runs (enforce_eager=false), its cache outlives the run; inductor's
         # precompiled header would re-run the preprocessor over torch's headers in every process.
-        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": current.get("TORCHINDUCTOR_CACHE_DIR") or str(caches / "inductor-cache"),
         "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
         "VLLM_RPC_BASE_PATH": str(run_path),
         "TMPDIR": str(run_path),

@@ -130,6 +130,8 @@ def test_vllm_environment_unpinned_by_default_and_inside_scratch(short_dir):
     for key in ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
         assert env[key].startswith(str(short_dir))
     assert "OMP_NUM_THREADS" not in vllm_environment(settings, {"OMP_NUM_THREADS": "2"}, run)
+    shared = vllm_environment(settings, {"VLLM_CACHE_ROOT": "/shared/vllm"}, run)  # the environment's cache wins
+    assert shared["VLLM_CACHE_ROOT"] == "/shared/vllm" and shared["TORCHINDUCTOR_CACHE_DIR"].startswith(str(short_dir))
     pinned = vllm_environment(replace_settings(settings, cpu_threads_bind="1", enforce_eager=False), {}, run)
     assert pinned["VLLM_CPU_OMP_THREADS_BIND"] == "1" and "OMP_NUM_THREADS" not in pinned
     assert "TORCHDYNAMO_DISABLE" not in pinned
