@@ -39,6 +39,7 @@ KNOWN_NOISE = (
     "Passing raw prompts to InputProcessor is deprecated",
     "NUMA binding: Using MEMBIND policy",  # a C++ notice from the vLLM CPU worker
     "`torch.distributed.reduce_op` is deprecated",
+    "[shutdown] Process manager: force killing remaining process",  # a CPU engine's exit grace is short on purpose
 )
 """Third-party warnings that are expected on this stack: dropped at the default levels (set
 VLLM_LOGGING_LEVEL=INFO or lower to see everything)."""
@@ -159,10 +160,23 @@ class _Capture:
                 pass
         os.dup2(self.original, 1)
         os.dup2(self.original, 2)
+        _stop_resource_tracker()
         try:
             self.forwarder.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             pass  # it ends by itself once the last child holding the pipe has exited
+
+
+def _stop_resource_tracker() -> None:
+    """multiprocessing's resource tracker (started by vLLM's semaphores) holds the pipe as its
+    stderr until this process is gone, so the forwarder would wait for our exit and `release`
+    for the forwarder: 2 s lost at every exit. Stopped now, it reports any leak and ends (a later
+    user starts a new one). `_stop` is CPython's own; absent elsewhere, nothing is done."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
+        tracker._stop()
 
 
 def forward(service: str, source, sink) -> None:
