@@ -7,7 +7,6 @@ re-imports the main module.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import shutil
 
@@ -47,7 +46,6 @@ def main(argv: list[str] | None = None) -> None:
         code = asyncio.run(serve(settings, args, token, log))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    gc.freeze()  # exit frees vLLM's heap; a last cyclic-GC pass over it would only delay the exit (~1.5 s)
     raise SystemExit(code)
 
 
