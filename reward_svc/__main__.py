@@ -13,7 +13,7 @@ from tandem.rpc import load_token, start_server
 from tandem.service import load_settings, parse_args, serve
 
 
-async def main() -> None:
+async def main() -> int:
     args = parse_args("Tandem reward service")
     settings = load_settings(args.settings, RewardSettings)
     log = configure_logging("reward", route_all=True)
@@ -29,8 +29,8 @@ async def main() -> None:
     async def close() -> None:
         engine.close()
 
-    await serve(running, args, announcement, Load, log, on_stop=close)
+    return await serve(running, args, announcement, Load, log, on_stop=close)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(asyncio.run(main()))

@@ -6,7 +6,10 @@ on the same address) registers again (`coordinator_back`), so live services re-j
 restarted coordinator without restarting themselves.
 
 A heartbeat answered with `run_over` (the run finished: services that the run did not start
-itself end with it) calls `on_run_over` once; the service then stops as on SIGTERM.
+itself end with it) calls `on_run_over` once; the service then stops as on SIGTERM. A
+coordinator unreachable for `give_up_after_s` (never reached, or lost: a run that ended before
+this service joined, or died and was not restarted) calls `on_gone` once and the agent stops
+trying, so a service started for a run that is gone ends instead of retrying forever.
 
 Leaving is two-step: `leave()` tells the coordinator the service is draining (no new work;
 heartbeats go on so its load stays visible), `stop()` says it is gone.
@@ -55,7 +58,9 @@ class MembershipAgent:
     """Registers, heartbeats, re-registers on demand, and deregisters on stop."""
 
     def __init__(self, coordinator_address: str, token: str, announcement: Announcement,
-                 load: Callable[[], Load], log, on_run_over: Callable[[], None] | None = None) -> None:
+                 load: Callable[[], Load], log, on_run_over: Callable[[], None] | None = None, *,
+                 give_up_after_s: float = 0.0, on_gone: Callable[[], None] | None = None) -> None:
+        """give_up_after_s: 0 waits for an unreachable coordinator forever."""
         self._address = coordinator_address
         self._metadata = ((TOKEN_METADATA_KEY, token),)
         self._announcement = announcement
@@ -68,6 +73,7 @@ class MembershipAgent:
         self._leaving = False
         self._unreachable_since: float | None = None
         self._on_run_over = on_run_over
+        self._give_up_after_s, self._on_gone = give_up_after_s, on_gone
 
     def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self._address)
@@ -93,6 +99,8 @@ class MembershipAgent:
                 self._reachable()
             except grpc.aio.AioRpcError as exc:
                 self._unreachable(exc)
+                if self._gone():
+                    return
             await asyncio.sleep(self._interval_s)
 
     async def _heartbeat(self, stub: pb_grpc.CoordinatorServiceStub) -> None:
@@ -115,6 +123,18 @@ class MembershipAgent:
             self._unreachable_since = time.monotonic()
             event = "coordinator_lost" if self._member_id is not None else "coordinator_unreachable"
             self._log.warning(event, coordinator=self._address, code=exc.code().name)
+
+    def _gone(self) -> bool:
+        """Unreachable for longer than give_up_after_s: say so, tell on_gone, stop trying."""
+        waited = time.monotonic() - (self._unreachable_since or time.monotonic())
+        if not self._give_up_after_s or waited < self._give_up_after_s:
+            return False
+        self._log.warning("coordinator_gone", coordinator=self._address, unreachable_s=round(waited, 1),
+                          message=f"no coordinator answered at {self._address} for {waited:.0f}s: this service stops "
+                                  "(start it again once the run is up; --coordinator-wait-s 0 waits forever)")
+        if self._on_gone is not None:
+            self._on_gone()
+        return True
 
     def _reachable(self) -> None:
         if self._unreachable_since is not None:

@@ -20,6 +20,10 @@ from pydantic import BaseModel, ValidationError
 from tandem.membership import Announcement, Load, MembershipAgent
 from tandem.rpc import RunningServer
 
+COORDINATOR_WAIT_S = 900.0
+"""How long a service waits for a coordinator that does not answer (not yet up, restarting, or
+gone for good) before it stops with exit code 1."""
+
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 
 
@@ -31,6 +35,10 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--advertise-host", default=None, help="host others reach this service at (default: --host)")
     parser.add_argument("--coordinator", default=None, help="host:port of the coordinator to register with")
     parser.add_argument("--address-file", type=Path, default=None, help="write the bound host:port here once serving")
+    parser.add_argument("--coordinator-wait-s", type=float,
+                        default=float(os.environ.get("TANDEM_COORDINATOR_WAIT_S", COORDINATOR_WAIT_S)),
+                        help="stop (exit 1) after the coordinator has not answered for this long; 0: wait forever "
+                             f"(env TANDEM_COORDINATOR_WAIT_S, default {COORDINATOR_WAIT_S:.0f})")
     return parser.parse_args(argv)
 
 
@@ -65,8 +73,9 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
     holds, bounded by its own timeout); then, and on death: NOT_SERVING, deregister,
     `on_stop`, stop the server. `also`: more roles the same server announces, each with its
     own membership (a trainer that also serves generation registers as a generator too). A
-    coordinator that says the run is over stops the service as a signal would."""
-    stop = asyncio.Event()
+    coordinator that says the run is over stops the service as a signal would; one that has not
+    answered for `args.coordinator_wait_s` stops it with exit code 1 (no drain: nobody to tell)."""
+    stop, gone = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -80,7 +89,8 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
         if args.coordinator:
             for role, role_load in [(announcement, load), *also]:
                 agents.append(MembershipAgent(args.coordinator, running.token, role, role_load, log,
-                                              on_run_over=stop.set))
+                                              on_run_over=stop.set, on_gone=lambda: (gone.set(), stop.set()),
+                                              give_up_after_s=getattr(args, "coordinator_wait_s", 0.0)))
                 agents[-1].start()
         log.info("service_ready", address=announcement.address)
         exit_code = 0
@@ -92,6 +102,8 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
                 await asyncio.wait_for(stop.wait(), poll_s)
             except TimeoutError:
                 pass
+        if gone.is_set():
+            exit_code = 1  # the run it served is gone: not a clean stop
         if exit_code == 0 and drain is not None:
             await running.mark_not_serving()
             for agent in agents:

@@ -115,6 +115,7 @@ ROLLOUT_SIZES = {"grpo.num_prompts_per_step": 4, "grpo.num_generations_per_promp
 
 
 def test_grpo_recipe_warm_starts_then_runs_grpo_steps(tmp_path, monkeypatch, home):
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)  # the default (tests/conftest.py shares one cache)
     summary = _run("grpo", tmp_path, monkeypatch, home, **ROLLOUT_SIZES, **{
         "grpo.max_num_steps": 2, "sft.max_num_steps": 10, "sft.val_period": 10})
     assert len(_rows(summary, "sft")) == 1 and summary["sft_steps"] == 10
@@ -122,7 +123,7 @@ def test_grpo_recipe_warm_starts_then_runs_grpo_steps(tmp_path, monkeypatch, hom
     assert [r["step"] for r in grpo] == [1, 2] and all(r["num_samples"] == 16 for r in grpo)
     assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
     assert_exported_model_generates(summary)
-    # vLLM's model-class inspection is cached across runs (else each start imports vLLM once more)
+    # vLLM's model-class inspection is cached across runs in the home (else each start imports vLLM once more)
     assert list((home / "vllm" / "vllm-cache" / "modelinfos").iterdir())
 
 

@@ -1,6 +1,7 @@
 """reward_svc as a real process on 127.0.0.1: scoring, auth, health, clear errors."""
 
 import json
+import socket
 
 import pytest
 
@@ -53,3 +54,19 @@ def test_unknown_task_is_a_clear_invalid_argument(reward):
         client.score([ScoreItem("chess", "", "", "")])
     assert err.value.status is Status.INVALID_ARGUMENT
     assert "chess" in err.value.details and "arithmetic" in err.value.details
+
+
+def test_a_service_whose_coordinator_never_answers_stops_by_itself(tmp_path):
+    """Started for a run that is already over (or never came up): exit 1 with one line saying
+    why, not a retry loop for ever."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{probe.getsockname()[1]}"
+    service = procs.start(procs.python_module("reward_svc", "--coordinator", nobody, "--coordinator-wait-s", "2"),
+                          tmp_path, "orphan")
+    try:
+        assert service.process.wait(timeout=60) == 1, service.log()[-3000:]
+    finally:
+        service.stop()
+    gone = [json.loads(line) for line in service.log().splitlines() if '"coordinator_gone"' in line]
+    assert len(gone) == 1 and nobody in gone[0]["message"], service.log()[-3000:]

@@ -73,3 +73,24 @@ def test_the_agent_re_registers_with_a_restarted_coordinator_and_leaves_in_two_s
     finally:
         loop.call_soon_threadsafe(loop.stop)
         server.stop()
+
+
+def test_an_agent_whose_coordinator_never_answers_gives_up_once_and_says_so():
+    """A service started for a run that is over (or never came up) must not retry forever."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    events, gone = Events(), []
+
+    async def main():
+        agent = MembershipAgent(address, TOKEN, Announcement("generator", "127.0.0.1:1"), Load, events,
+                                give_up_after_s=0.5, on_gone=lambda: gone.append(time.monotonic()))
+        agent.start()
+        await asyncio.wait_for(agent._task, 30)  # the agent stopped trying by itself (else: a timeout)
+        await agent.stop()
+
+    asyncio.run(main())
+    assert len(gone) == 1 and events.names.count("coordinator_unreachable") == 1
+    assert events.names[-1] == "coordinator_gone"
