@@ -126,7 +126,7 @@ class MembershipAgent:
 
     def _gone(self) -> bool:
         """Unreachable for longer than give_up_after_s: say so, tell on_gone, stop trying."""
-        waited = time.monotonic() - (self._unreachable_since or time.monotonic())
+        waited = time.monotonic() - self._unreachable_since  # set by _unreachable, just before
         if not self._give_up_after_s or waited < self._give_up_after_s:
             return False
         self._log.warning("coordinator_gone", coordinator=self._address, unreachable_s=round(waited, 1),

@@ -90,7 +90,7 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
             for role, role_load in [(announcement, load), *also]:
                 agents.append(MembershipAgent(args.coordinator, running.token, role, role_load, log,
                                               on_run_over=stop.set, on_gone=lambda: (gone.set(), stop.set()),
-                                              give_up_after_s=getattr(args, "coordinator_wait_s", 0.0)))
+                                              give_up_after_s=args.coordinator_wait_s))
                 agents[-1].start()
         log.info("service_ready", address=announcement.address)
         exit_code = 0

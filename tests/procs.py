@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,6 +56,13 @@ def start(argv: list[str], workdir: Path, name: str, *, env: dict[str, str] | No
         time.sleep(0.2)
     service.address = address_file.read_text().strip()
     return service
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def python_module(module: str, *args: str) -> list[str]:

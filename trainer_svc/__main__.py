@@ -37,9 +37,10 @@ def main(argv: list[str] | None = None) -> None:
         from trainer_svc.server import serve
 
         try:
-            asyncio.run(serve(engine, settings, args, token, log))
+            code = asyncio.run(serve(engine, settings, args, token, log))
         finally:
             engine.close()
+        raise SystemExit(code)
     else:
         # torchrun signals every rank; the followers keep running until rank 0 (signalled too)
         # has stopped serving and sends Shutdown, so nothing is cut off mid-collective.

@@ -103,8 +103,9 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
 
 
 async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse.Namespace, token: str,
-                log: Any) -> None:
-    """Serve until SIGTERM/SIGINT; in-flight engine work finishes before this returns."""
+                log: Any) -> int:
+    """Serve until SIGTERM/SIGINT; in-flight engine work finishes before this returns. The exit
+    code is tandem.service.serve's."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-engine")
     servicer = TrainerServicer(engine, executor)
     register, names = [lambda s: pb_grpc.add_TrainerServiceServicer_to_server(servicer, s)], [SERVICE_NAME]
@@ -124,7 +125,7 @@ async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse
                                   shares_trainer_weights=True),
                      lambda: Load(num_inflight=info().num_running, weight_version=info().weight_version)))
     try:
-        await service.serve(running, args, Announcement("trainer", address, fingerprint),
-                            lambda: Load(weight_version=engine.weight_version), log, also=also)
+        return await service.serve(running, args, Announcement("trainer", address, fingerprint),
+                                   lambda: Load(weight_version=engine.weight_version), log, also=also)
     finally:
         executor.shutdown(wait=True)

@@ -16,13 +16,14 @@ import os
 import random
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT_JOB = ("sft.max_num_steps=40 sft.val_period=20 grpo.max_num_steps=4 grpo.num_prompts_per_step=8 "
@@ -32,12 +33,6 @@ SHORT_JOB = ("sft.max_num_steps=40 sft.val_period=20 grpo.max_num_steps=4 grpo.n
              "logger.run_name=compose")
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(3600)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sh(*argv: str, env: dict, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
@@ -147,7 +142,7 @@ def stack(engine, tmp_path_factory):
     timings = {}
     project = f"tandem-test-{secrets.token_hex(3)}"
     runs = tmp_path_factory.mktemp("compose") / "runs"
-    port = _free_port()
+    port = procs.free_port()
     env = {**engine, "COMPOSE_PROJECT_NAME": project, "COMPOSE_PROFILES": "cpu", "TANDEM_GENERATORS": "2",
            "TANDEM_OVERRIDES": SHORT_JOB, "TANDEM_PORT": str(port), "TANDEM_RUNS": str(runs)}
     clock = time.perf_counter()

@@ -9,8 +9,6 @@ Prints the counts and statuses (pytest -s shows them)."""
 
 import json
 import shutil
-import socket
-import sys
 import threading
 from pathlib import Path
 
@@ -151,19 +149,13 @@ def test_the_trainer_answers_every_fuzzed_message_with_the_callers_mistake(train
     _fuzzed(fuzzer)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def generator(model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("fuzz_generator")
     settings = workdir / "generator.json"
     cfg = load_config(overrides=["policy.generation.vllm_cfg.max_num_seqs=16"])
     settings.write_text(generator_settings(cfg, str(model[0]), 0, scratch_root(workdir) / "g").model_dump_json())
-    port = _free_port()
+    port = procs.free_port()
     early: list[str] = []  # health answers of "" seen before the service said it was ready
     stop = threading.Event()
 

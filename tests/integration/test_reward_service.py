@@ -1,7 +1,6 @@
 """reward_svc as a real process on 127.0.0.1: scoring, auth, health, clear errors."""
 
 import json
-import socket
 
 import pytest
 
@@ -59,9 +58,7 @@ def test_unknown_task_is_a_clear_invalid_argument(reward):
 def test_a_service_whose_coordinator_never_answers_stops_by_itself(tmp_path):
     """Started for a run that is already over (or never came up): exit 1 with one line saying
     why, not a retry loop for ever."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        nobody = f"127.0.0.1:{probe.getsockname()[1]}"
+    nobody = f"127.0.0.1:{procs.free_port()}"
     service = procs.start(procs.python_module("reward_svc", "--coordinator", nobody, "--coordinator-wait-s", "2"),
                           tmp_path, "orphan")
     try:

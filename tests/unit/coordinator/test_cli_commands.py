@@ -3,13 +3,13 @@
 
 import io
 import json
-import socket
 
 from rich.console import Console
 
 from coordinator.cli.main import main
 from coordinator.cli.status import print_status, show_status
 from coordinator.cluster.client import MemberView, RunStatusView
+from tests import procs
 
 
 def _sources(text: str) -> dict[str, str]:
@@ -61,12 +61,6 @@ def test_dry_run_checks_the_data_and_starts_nothing(tmp_path, capsys, monkeypatc
     assert not (tmp_path / "runs").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_status_says_plainly_that_no_run_is_in_progress(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
@@ -74,7 +68,7 @@ def test_status_says_plainly_that_no_run_is_in_progress(tmp_path, monkeypatch):
     assert out.getvalue().startswith("no run in progress")
     run = tmp_path / "runs" / "old"
     run.mkdir(parents=True)
-    (run / "coordinator.addr").write_text(f"0.0.0.0:{_free_port()}")  # a finished run's, nothing answers
+    (run / "coordinator.addr").write_text(f"0.0.0.0:{procs.free_port()}")  # a finished run's, nothing answers
     (run / "token").write_text("t")
     (run / "summary.json").write_text("{}")
     out = io.StringIO()

@@ -12,6 +12,7 @@ from coordinator.cluster.registry import Registry
 from coordinator.cluster.server import CoordinatorServer
 from coordinator.cluster.status import RunStatus
 from tandem.membership import Announcement, Load, MembershipAgent
+from tests import procs
 
 TOKEN = "agent-test-token"
 
@@ -77,11 +78,7 @@ def test_the_agent_re_registers_with_a_restarted_coordinator_and_leaves_in_two_s
 
 def test_an_agent_whose_coordinator_never_answers_gives_up_once_and_says_so():
     """A service started for a run that is over (or never came up) must not retry forever."""
-    import socket
-
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    address = f"127.0.0.1:{procs.free_port()}"
     events, gone = Events(), []
 
     async def main():

@@ -3,7 +3,6 @@ heartbeat replies say "run over", each service stops as on SIGTERM (drains, leav
 and the coordinator waits until every one has left. Real gRPC on 127.0.0.1, a real service loop
 (tandem.service.serve), no model."""
 
-import argparse
 import asyncio
 import threading
 import time
@@ -16,7 +15,7 @@ from coordinator.cluster.server import CoordinatorServer
 from coordinator.cluster.status import RunStatus
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
-from tandem.service import serve
+from tandem.service import parse_args, serve
 
 TOKEN = "run-over-token"
 
@@ -30,7 +29,7 @@ def test_a_finished_run_drains_and_stops_its_external_services():
 
     async def service() -> int:
         running = await start_server([], ["tandem.test.v1.Nothing"], host="127.0.0.1", port=0, token=TOKEN, log=log)
-        args = argparse.Namespace(address_file=None, coordinator=address)
+        args = parse_args("probe", ["--coordinator", address])  # the services' own parser
 
         async def drain() -> None:
             drained.append(time.monotonic())
