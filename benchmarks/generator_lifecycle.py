@@ -1,15 +1,16 @@
 """One vLLM generator engine of the embedded model, alone (no service, no gRPC), timed through its
-life: importing vLLM, building the engine (vLLM's CPU platform spawns an EngineCore process
-that imports vLLM again), a tiny-task rollout (16 prompts x 8 samples x 4 new tokens) sent as
-one request per sample (what VllmEngine.generate does) and as one request of n=8 per prompt
-(the same seeds), interleaved, and closing the engine:
+life: importing vLLM, building the engine (its EngineCore process forked from this one, Tandem's
+default; `--engine-start spawn` spawns it as vLLM's CPU platform would, importing vLLM again),
+a tiny-task rollout (16 prompts x 8 samples x 4 new tokens) sent as one request per sample (what
+VllmEngine.generate does) and as one request of n=8 per prompt (the same seeds), interleaved, and
+closing the engine:
 
     PYTHONPATH=. .venv/bin/python benchmarks/generator_lifecycle.py --repeats 15
 
 The vLLM cache is a fresh folder unless --cache DIR is given (a second run with the same DIR
 shows the start with vLLM's model-info cache warm); `--vllm-exit-grace` closes with vLLM's own
 5 s grace instead of Tandem's 1 s (CPU_EXIT_GRACE_S), for the close time before and after. The
-__main__ guard matters: the spawned EngineCore re-imports this module.
+__main__ guard matters: a spawned EngineCore re-imports this module.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ async def _measure(settings, repeats: int, vllm_exit_grace: bool) -> None:
     clock = time.perf_counter()
     await engine.close()
     closed = time.perf_counter() - clock
-    print(f"engine start (spawned core, model, KV cache, warm-up): {built:.2f}s")
+    print(f"engine start (core process, model, KV cache, warm-up): {built:.2f}s")
     for name, values in times.items():
         print(f"rollout, {name}: median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, "
               f"{len(values)} runs)")
@@ -80,6 +81,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--cache", type=Path, default=None, help="vLLM cache folder (default: a fresh one)")
     parser.add_argument("--vllm-exit-grace", action="store_true", help="close with vLLM's default grace (5 s)")
+    parser.add_argument("--engine-start", choices=["fork", "spawn"], default="fork",
+                        help="how vLLM starts its engine process (vllm_cfg.cpu_engine_start)")
     args = parser.parse_args()
     from coordinator.embedded.cache import cache_root
     from coordinator.embedded.tiny_model import ensure_tiny_model
@@ -88,7 +91,7 @@ def main() -> None:
     model = ensure_tiny_model(cache_root())
     scratch = Path(tempfile.mkdtemp(prefix="tandem-generator-"))
     settings = GeneratorSettings(model_name=str(model), scratch_dir=scratch, seed=0, max_model_len=64,
-                                 cache_dir=args.cache or scratch / "cache")
+                                 cache_dir=args.cache or scratch / "cache", cpu_engine_start=args.engine_start)
     os.environ.update(vllm_environment(settings, {}, scratch))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     clock = time.perf_counter()

@@ -1,7 +1,8 @@
 """Start-up of `tandem run` on the embedded demo: from the command to its services being up
 (what the run prints as "services up in X s") and to the end of its first GRPO step, with
-vLLM's caches warm (kept in $TANDEM_HOME/vllm across runs, the default) and cold (removed
-before the run), interleaved A/B:
+vLLM's caches warm (kept in $TANDEM_HOME/vllm across runs, the default), cold (removed
+before the run), and warm with vLLM's engine process spawned instead of forked
+(`vllm_cfg.cpu_engine_start=spawn`, vLLM's own choice on CPU), interleaved:
 
     .venv/bin/python benchmarks/startup.py --repeats 3
 
@@ -28,12 +29,16 @@ RUN = ["sft.max_num_steps=0", "grpo.max_num_steps=1", "grpo.val_at_start=false",
        "logger.tensorboard_enabled=false"]
 
 
-def _run(home: Path, runs: Path, name: str) -> tuple[float, float, float]:
+MODES = {"warm": [], "cold": [], "warm, spawn": ["policy.generation.vllm_cfg.cpu_engine_start=spawn"]}
+"""Variant -> its extra overrides ("cold" removes vLLM's caches first)."""
+
+
+def _run(home: Path, runs: Path, name: str, extra: list[str]) -> tuple[float, float, float]:
     """(services up, first GRPO step done, whole command) in seconds, for one `tandem run`."""
     env = {**os.environ, "TANDEM_HOME": str(home)}
     env.pop("TANDEM_TOKEN", None)
     started_wall, started = time.time(), time.perf_counter()
-    subprocess.run([sys.executable, "-m", "coordinator.cli.main", "run", *RUN, f"logger.log_dir={runs}",
+    subprocess.run([sys.executable, "-m", "coordinator.cli.main", "run", *RUN, *extra, f"logger.log_dir={runs}",
                     f"logger.run_name={name}"], env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     total = time.perf_counter() - started
@@ -50,15 +55,16 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="tandem-startup-"))
     home, runs = root / "home", root / "runs"
     try:
-        _run(home, runs, "prepare")  # builds the embedded model and data, and warms vLLM's caches
-        figures: dict[str, list[tuple[float, float, float]]] = {"warm": [], "cold": []}
+        _run(home, runs, "prepare", [])  # builds the embedded model and data, and warms vLLM's caches
+        figures: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in MODES}
         for index in range(args.repeats):
-            for mode in ("cold", "warm") if index % 2 else ("warm", "cold"):
+            order = list(MODES)[index % len(MODES):] + list(MODES)[:index % len(MODES)]
+            for number, mode in enumerate(order):
                 if mode == "cold":
                     shutil.rmtree(home / "vllm", ignore_errors=True)
-                figures[mode].append(_run(home, runs, f"{mode}-{index}"))
+                figures[mode].append(_run(home, runs, f"{index}-{number}", MODES[mode]))
         print(f"cores: {os.cpu_count()}, load average before: {os.getloadavg()[0]:.2f}")
-        print(f"{'vLLM caches':<12} {'services up':>12} {'first step':>12} {'command':>10}   (median of {args.repeats})")
+        print(f"{'vLLM':<12} {'services up':>12} {'first step':>12} {'command':>10}   (median of {args.repeats})")
         for mode, rows in figures.items():
             up, first, total = (statistics.median(column) for column in zip(*rows))
             print(f"{mode:<12} {up:11.1f}s {first:11.1f}s {total:9.1f}s")

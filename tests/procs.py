@@ -67,3 +67,23 @@ def free_port() -> int:
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+
+
+def vllm_engine_forked(service: ServiceProcess) -> bool:
+    """Whether a generator's vLLM engine process (its child titled VLLM::EngineCore) was forked from
+    the service rather than spawned: a fork keeps the service's heap address, an exec'd process
+    gets a new random one (address space layout randomisation, which must be on)."""
+    import psutil
+
+    assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0", "ASLR is off on this machine"
+    children = psutil.Process(service.process.pid).children()
+    engines = [c for c in children if "EngineCore" in " ".join(c.cmdline())]
+    assert len(engines) == 1, [c.cmdline() for c in children]
+    return _heap_start(engines[0].pid) == _heap_start(service.process.pid)
+
+
+def _heap_start(pid: int) -> str:
+    return next(line.split("-")[0] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                if line.endswith("[heap]"))

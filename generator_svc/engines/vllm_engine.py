@@ -37,6 +37,7 @@ swap in flight are awaited up to a timeout; whatever is still running then is ab
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -297,7 +298,9 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool, float
     import vllm
     from vllm import AsyncEngineArgs
     from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.executor import Executor
 
     memory = memory_args(settings, current_platform.device_type)
     # Chunked prefill off: a seeded request whose prompt is split over two steps makes vLLM
@@ -314,5 +317,13 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool, float
         # in-flight updates keeping stale KV: no prefix cache, or new requests would reuse that KV
         **({"enable_prefix_caching": False} if settings.in_flight_weight_updates
            and not settings.recompute_kv_cache_after_weight_updates else {}))
-    grace = CPU_EXIT_GRACE_S if current_platform.device_type == "cpu" else None
-    return AsyncLLM.from_engine_args(args), f"vllm {vllm.__version__}", memory.get("enable_sleep_mode", False), grace
+    on_cpu = current_platform.device_type == "cpu"
+    # What AsyncLLM.from_engine_args does, with one change on CPU: building the config makes
+    # vLLM's CPU platform ask for a spawned engine process; the settings may ask for fork instead.
+    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    if on_cpu:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = settings.cpu_engine_start
+    llm = AsyncLLM(vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
+                   usage_context=UsageContext.ENGINE_CONTEXT)
+    grace = CPU_EXIT_GRACE_S if on_cpu else None
+    return llm, f"vllm {vllm.__version__}", memory.get("enable_sleep_mode", False), grace

@@ -180,6 +180,7 @@ def generator(model, tmp_path_factory):
 def test_the_generator_answers_every_fuzzed_message_with_the_callers_mistake(generator, model):
     service, workdir, early = generator
     assert not early, "health of the whole server said SERVING before the engine was loaded"
+    assert procs.vllm_engine_forked(service)  # the default vllm_cfg.cpu_engine_start
     vocab = model[1]
     sizes = {"n": st.one_of(st.integers(1, 4), st.sampled_from([0, -1, 100_000, 2**31 - 1])),
              "max_tokens": st.one_of(st.integers(1, 8), st.sampled_from([0, -1, 60, 64, 100_000]))}

@@ -3,7 +3,9 @@ logprobs against Hugging Face, an atomic weight push (and what failed pushes lea
 serving), clear errors, auth, and a clean SIGTERM that leaves no vLLM process behind.
 
 The tests share one generator process and run in file order: model A is served first,
-then model B's weights are pushed, and the last test stops the process.
+then model B's weights are pushed, and the last test stops the process. This module's generator
+has vLLM spawn its engine process (vLLM's own choice on CPU); every other test's forks it (the
+default, `cpu_engine_start`).
 """
 
 import json
@@ -61,7 +63,7 @@ def env(tmp_path_factory):
     model_b, _ = build_model(root / "B", seed=1)
     settings = root / "generator.json"
     settings.write_text(json.dumps({"model_name": str(root / "A"), "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 64,
-                                    "seed": 0, "scratch_dir": str(root / "s")}))
+                                    "seed": 0, "scratch_dir": str(root / "s"), "cpu_engine_start": "spawn"}))
     started = time.monotonic()
     service = procs.start(procs.python_module("generator_svc", "--settings", str(settings)), root, "generator",
                           timeout_s=300)
@@ -245,6 +247,7 @@ def test_sigterm_stops_cleanly_and_leaves_no_vllm_child(env):
     service = env["service"]
     children = psutil.Process(service.process.pid).children(recursive=True)
     assert len(children) >= 2  # EngineCore and its worker
+    assert not procs.vllm_engine_forked(service)  # this module's settings ask vLLM to spawn it
     started = time.monotonic()
     service.process.terminate()
     assert service.process.wait(timeout=60) == 0, service.log()[-3000:]
