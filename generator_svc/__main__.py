@@ -1,7 +1,7 @@
 """`python -m generator_svc --settings generator.json`: parse, set vLLM's environment, serve, stop.
 
-The `__main__` guard is required: vLLM starts its engine processes with spawn, which
-re-imports the main module.
+The `__main__` guard is required: vLLM may start its engine processes with spawn
+(`cpu_engine_start`, and on GPUs), which re-imports the main module.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, value in loopback_collectives_env(args.host).items():
         os.environ.setdefault(name, value)
     from tandem.logs import configure_logging
-    from tandem.process_logs import vllm_logging_env
+    from tandem.process_logs import exit_now, vllm_logging_env
 
     log = configure_logging("generator", route_all=True)  # before vLLM: its processes inherit the output pipe
     os.environ.update(vllm_logging_env(scratch / "logging.json", "generator", dict(os.environ)))
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         code = asyncio.run(serve(settings, args, token, log))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    raise SystemExit(code)
+    exit_now(code)  # vLLM's engine is shut down: the interpreter's teardown would only cost ~2 s
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import signal
 
 from tandem import service
 from tandem.logs import configure_logging
+from tandem.process_logs import exit_now
 from tandem.rpc import TokenMissing, load_token
 from trainer_svc.config import TrainerSettings
 
@@ -40,7 +41,6 @@ def main(argv: list[str] | None = None) -> None:
             code = asyncio.run(serve(engine, settings, args, token, log))
         finally:
             engine.close()
-        raise SystemExit(code)
     else:
         # torchrun signals every rank; the followers keep running until rank 0 (signalled too)
         # has stopped serving and sends Shutdown, so nothing is cut off mid-collective.
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGINT, lambda *_: log.info("sigint_waiting_for_rank0"))
         engine.follow()
         engine.close()
+        code = 0
+    exit_now(code)  # all work is done and saved: skip the interpreter's teardown of torch's heap
 
 
 if __name__ == "__main__":

@@ -286,6 +286,10 @@ class VllmEngine:
         llm, self._llm = self._llm, None
         if llm is not None:
             started = time.monotonic()
+            # vLLM's shutdown stops the task reading the engine's outputs only after the engine
+            # process: meanwhile that task may see the process go and log EngineDeadError.
+            if (reader := getattr(llm, "output_handler", None)) is not None:
+                reader.cancel()
             await asyncio.to_thread(llm.shutdown, self._exit_grace_s)
             self._log.info("engine_closed", seconds=round(time.monotonic() - started, 2), grace_s=self._exit_grace_s)
             # vLLM's AsyncLLM.__del__ runs shutdown again at interpreter exit, when the module

@@ -255,3 +255,5 @@ def test_sigterm_stops_cleanly_and_leaves_no_vllm_child(env):
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.pid for p in alive]
     assert not (env["root"] / "s" / f"g{service.process.pid}").exists()  # its sockets and temp files
+    stop = service.log().split('"service_stopping"', 1)[1]
+    assert '"engine_closed"' in stop and "Traceback" not in stop and '"level": "error"' not in stop, stop
