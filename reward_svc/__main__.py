@@ -12,6 +12,10 @@ from tandem.membership import Announcement, Load
 from tandem.rpc import load_token, start_server
 from tandem.service import load_settings, parse_args, serve
 
+DRAIN_TIMEOUT_S = 30.0
+"""How long a stopping reward service waits for its calls in flight (each item is bounded by
+item_timeout_s); what is left then is cut off and its callers send it elsewhere."""
+
 
 async def main() -> int:
     args = parse_args("Tandem reward service")
@@ -29,7 +33,10 @@ async def main() -> int:
     async def close() -> None:
         engine.close()
 
-    return await serve(running, args, announcement, Load, log, on_stop=close)
+    async def drain() -> None:  # SIGTERM: leave the coordinator's rotation, finish the calls in flight
+        await engine.drain(DRAIN_TIMEOUT_S)
+
+    return await serve(running, args, announcement, Load, log, on_stop=close, drain=drain)
 
 
 if __name__ == "__main__":

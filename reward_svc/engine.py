@@ -14,8 +14,11 @@ settings' `Scorer` (one per kind, shared by the tasks that use it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
 from reward_svc.config import RewardSettings, Scorer
 from reward_svc.envs import calculator, code, exact, math
@@ -138,6 +141,8 @@ class RewardEngine:
         kinds = {s: (ModelScorer(settings, log) if s.needs_model else PoolScorer(s, self._pool, settings, log))
                  for s in set(settings.tasks.values())}
         self._by_task = {task: kinds[s] for task, s in settings.tasks.items()}
+        self._stopping = False
+        self._calls = 0  # score/step calls in flight
 
     async def warm_up(self) -> None:
         """Start the workers and import the scorers, then warm each scorer up, before the service
@@ -153,6 +158,10 @@ class RewardEngine:
 
     async def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
         self._check_tasks(items)
+        async with self._call():
+            return await self._score(items)
+
+    async def _score(self, items: list[ScoreItem]) -> list[ScoreResult]:
         groups: dict[PoolScorer | ModelScorer, list[int]] = defaultdict(list)  # scorer -> its items' indices
         for index, item in enumerate(items):
             groups[self._by_task[item.task]].append(index)
@@ -168,7 +177,28 @@ class RewardEngine:
         turn, with the completion's score; an environment that fails or times out ends the
         episode with reward 0 (the batch goes on)."""
         self._check_tasks(items)
-        return list(await asyncio.gather(*(self._by_task[item.task].step(item) for item in items)))
+        async with self._call():
+            return list(await asyncio.gather(*(self._by_task[item.task].step(item) for item in items)))
+
+    @contextlib.asynccontextmanager
+    async def _call(self) -> AsyncIterator[None]:
+        """One call in flight. Once the service stops, calls are refused as UNAVAILABLE (the caller
+        sends them to another reward service), as are those the closing pool cuts off."""
+        if self._stopping:
+            raise ConnectionError("this reward service is stopping: send the request to another one")
+        self._calls += 1
+        try:
+            yield
+        finally:
+            self._calls -= 1
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new calls; wait up to timeout_s for those in flight."""
+        self._stopping = True
+        deadline = time.monotonic() + timeout_s
+        while self._calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self._log.info("drained" if not self._calls else "drain_timed_out", calls_left=self._calls)
 
     def _check_tasks(self, items: list[ScoreItem] | list[StepItem]) -> None:
         unknown = sorted({i.task for i in items} - set(self._settings.tasks))
@@ -176,6 +206,7 @@ class RewardEngine:
             raise ValueError(f"tasks {unknown} are not served here; this service scores {sorted(self._settings.tasks)}")
 
     def close(self) -> None:
+        self._stopping = True
         self._pool.close()
         for scorer in self._scorers():
             scorer.close()

@@ -73,9 +73,13 @@ class _Worker:
         self._conn.close()
 
 
+_CLOSED = "the reward service is stopping: send the request to another one"
+
+
 class WorkerPool:
     """`await pool.run(fn, args, timeout_s)`: fn(*args) in a free worker process (fn and args
-    picklable). The deadline counts from when a worker takes the job, not from the queue."""
+    picklable). The deadline counts from when a worker takes the job, not from the queue. Once
+    closed, a job (waiting or cut off) raises ConnectionError: it is not the item's fault."""
 
     def __init__(self, num_workers: int, initializer: Callable[[], None] | None = None):
         self._context = multiprocessing.get_context("spawn")
@@ -86,6 +90,7 @@ class WorkerPool:
             self._idle.put_nowait(worker)
         self._threads = ThreadPoolExecutor(num_workers, thread_name_prefix="reward-worker")
         self.num_replaced = 0
+        self._closed = False
 
     @property
     def pids(self) -> list[int]:
@@ -99,12 +104,21 @@ class WorkerPool:
 
     async def run(self, fn: Callable, args: tuple, timeout_s: float) -> Any:
         """fn(*args); raises TimeoutError (the worker was killed and replaced) or ScorerFailed."""
+        if self._closed:
+            raise ConnectionError(_CLOSED)
         worker = await self._idle.get()
         loop = asyncio.get_running_loop()
         # the thread hands the worker back itself, so a cancelled caller never loses one
-        ok, value = await loop.run_in_executor(self._threads, self._call, worker, fn, args, timeout_s, loop)
+        try:
+            ok, value = await loop.run_in_executor(self._threads, self._call, worker, fn, args, timeout_s, loop)
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            if self._closed:
+                raise ConnectionError(_CLOSED) from None
+            raise
         if ok:
             return value
+        if value is _CLOSED:
+            raise ConnectionError(_CLOSED)
         if value is TimeoutError:
             raise TimeoutError(f"scoring took over {timeout_s} s")
         raise ScorerFailed(value)
@@ -117,6 +131,8 @@ class WorkerPool:
         except TimeoutError:
             result = (False, TimeoutError)
         except (EOFError, OSError, ScorerFailed) as exc:
+            if self._closed:  # killed by close(): not replaced, and the job is not the item's failure
+                return (False, _CLOSED)
             result = (False, f"worker {worker.process.pid} died ({type(exc).__name__}, "
                              f"exit code {worker.process.exitcode})")
         else:
@@ -136,6 +152,7 @@ class WorkerPool:
             pass
 
     def close(self) -> None:
+        self._closed = True
         for worker in self._workers:
             worker.kill()
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -108,3 +108,42 @@ def test_code_task_needs_an_item_timeout_above_the_sandbox_wall_clock():
     with pytest.raises(ValidationError, match="sandbox.wall_s"):
         RewardSettings(tasks={"code": "code"}, item_timeout_s=3.0, sandbox={"wall_s": 3.0})
     RewardSettings(tasks={"math": "math"}, item_timeout_s=3.0, sandbox={"wall_s": 3.0})  # no code task: fine
+
+
+def test_a_stopping_engine_refuses_calls_as_unavailable_and_finishes_those_in_flight():
+    """A reward service told to stop (a compose swap, a relaunch) must not answer INTERNAL: the
+    coordinator ends the run on that, and retries elsewhere on UNAVAILABLE (ConnectionError)."""
+    settings = RewardSettings(tasks={"arith": "math"}, num_workers=1)
+    item = ScoreItem("arith", "2+2=", "4", "4")
+
+    async def scenario():
+        engine = RewardEngine(settings, structlog.get_logger())
+        await engine.warm_up()
+        in_flight = asyncio.create_task(engine.score([item] * 20))
+        await asyncio.sleep(0)  # the call has started
+        await engine.drain(timeout_s=60)
+        assert [r.correct for r in await in_flight] == [True] * 20  # finished, not cut off
+        with pytest.raises(ConnectionError, match="stopping"):
+            await engine.score([item])
+        engine.close()
+        with pytest.raises(ConnectionError, match="stopping"):
+            await engine.step([])
+    asyncio.run(scenario())
+
+
+def test_a_job_the_closing_pool_cuts_off_is_unavailable_not_an_item_that_failed():
+    """Before: the killed worker counted as the item's failure (scored 0) and was replaced."""
+    async def scenario():
+        pool = WorkerPool(1)
+        await pool.wait_ready()
+        job = asyncio.create_task(pool.run(time.sleep, (30,), timeout_s=60.0))
+        waiting = asyncio.create_task(pool.run(operator.add, (1, 1), timeout_s=60.0))
+        await asyncio.sleep(0.5)
+        pool.close()
+        with pytest.raises(ConnectionError, match="stopping"):
+            await asyncio.wait_for(job, 10)
+        assert pool.num_replaced == 0
+        with pytest.raises(ConnectionError, match="stopping"):
+            await pool.run(operator.add, (1, 1), timeout_s=60.0)
+        waiting.cancel()  # it waits for a worker that never comes back: the server's stop cancels it
+    asyncio.run(scenario())
