@@ -5,13 +5,14 @@ nodes on network-namespace hosts). One short GRPO run is submitted from the logi
     n2                trainer node B                               } one rank per node
     n3                generators 0 and 1
 
-then, once the run's coordinator is up, a second job of one more generator (`--join 1`). After
-the first checkpoint the run's job is requeued (`scontrol requeue`, what a preemption does): it
+then, once the run's coordinator is up, a second job of one more generator (`--join 1`). Once
+that generator has served a rollout and the run has a checkpoint, the run's job is requeued (`scontrol requeue`, what a preemption does): it
 must come back, resume from that checkpoint and finish all its steps. Checked: the steps and
 samples, where each service ran, that every generator (the joined one included) served
 rollouts, that the joined generator drains when the run ends (the run's script signals the
 join job's script, which sends SIGTERM to the generator's own process), and that nothing is left
-(no job, no daemon, no process in the namespaces). Needs root (namespaces) and Debian's
+(no job, no daemon, no process in the namespaces). The requeued run's old coordinator dismisses
+the joined generator as it goes, so the new incarnation runs without it. Needs root (namespaces) and Debian's
 slurm-wlm and munge, which scripts/setup.sh installs when run as root.
 """
 
@@ -28,7 +29,7 @@ import pytest
 from tests.slurm.cluster import SUBNET, SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 6
+STEPS = 24  # steps take ~0.3 s: the run must still be going when the requeue comes
 SHORT_JOB = ["sft.max_num_steps=0", f"grpo.max_num_steps={STEPS}", "grpo.num_prompts_per_step=8",
              "grpo.num_generations_per_prompt=4", "grpo.max_val_samples=16", "grpo.val_period=0",
              "policy.train_global_batch_size=32", "policy.train_micro_batch_size=32", "data.num_train=500",
@@ -103,6 +104,10 @@ def test_run_as_slurm_jobs_with_a_joining_generator_and_a_requeue(cluster, tmp_p
     _wait("the run's coordinator up", lambda: (run_dir / "slurm" / "coordinator").exists(), 120, cluster, run_dir)
     joined = _submit(cluster, env, f"logger.log_dir={runs}", "--join", "1")
 
+    join_logs = run_dir / "slurm" / "logs"
+    _wait("the joined generator serving", lambda: any('"generate_served"' in p.read_text(errors="replace")
+                                                      for p in join_logs.glob(f"generator-join-{joined}-*")),
+          900, cluster, run_dir)  # before the requeue, which ends its part in the run (see the module's note)
     checkpoint = run_dir / "checkpoints" / "latest"
     _wait("a first checkpoint", checkpoint.exists, 900, cluster, run_dir)
     cluster.login(["scontrol", "requeue", job])  # what a preemption does: the job starts over
