@@ -103,7 +103,8 @@ class WorkerPool:
         await asyncio.gather(*(loop.run_in_executor(self._threads, w.wait_ready) for w in list(self._workers)))
 
     async def run(self, fn: Callable, args: tuple, timeout_s: float) -> Any:
-        """fn(*args); raises TimeoutError (the worker was killed and replaced) or ScorerFailed."""
+        """fn(*args); raises TimeoutError (the worker was killed and replaced), ScorerFailed, or
+        ConnectionError (the pool was closed before or during the job)."""
         if self._closed:
             raise ConnectionError(_CLOSED)
         worker = await self._idle.get()
