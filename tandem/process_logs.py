@@ -154,11 +154,7 @@ class _Capture:
     def release(self) -> None:
         """At exit: give fds 1 and 2 back to the real stderr so the forwarder reads to the end of
         what this process wrote (children that outlive it keep the pipe open: bounded wait)."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+        _flush_std()
         os.dup2(self.original, 1)
         os.dup2(self.original, 2)
         _stop_resource_tracker()
@@ -210,14 +206,19 @@ def exit_now(code: int) -> NoReturn:
     2-core machine, the stop of every run waiting on it) and lets native extensions print to the
     raw stderr. Logs are flushed and the capture released first, so no line is lost."""
     logging.shutdown()
+    if _active is not None:
+        _active.release()
+    else:
+        _flush_std()
+    os._exit(code)
+
+
+def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if _active is not None:
-        _active.release()
-    os._exit(code)
 
 
 def json_everywhere(service: str) -> None:

@@ -71,7 +71,7 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
     announces itself. On a stop signal, with `drain`: tell the coordinator it is leaving (no
     new work), health NOT_SERVING, await `drain()` (the service finishes or hands back what it
     holds, bounded by its own timeout); then, and on death: NOT_SERVING, deregister,
-    `on_stop`, stop the server. `also`: more roles the same server announces, each with its
+    stop the server, `on_stop`. `also`: more roles the same server announces, each with its
     own membership (a trainer that also serves generation registers as a generator too). A
     coordinator that says the run is over stops the service as a signal would; one that has not
     answered for `args.coordinator_wait_s` stops it with exit code 1 (no drain: nobody to tell)."""
@@ -116,6 +116,6 @@ async def serve(running: RunningServer, args: argparse.Namespace, announcement: 
         await running.mark_not_serving()
         for agent in agents:
             await agent.stop()
+        await running.stop(grace_s=2.0)  # first: late calls get UNAVAILABLE, never a closed engine
         if on_stop is not None:
             await on_stop()
-        await running.stop(grace_s=2.0)

@@ -69,8 +69,6 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-
-
 def vllm_engine_forked(service: ServiceProcess) -> bool:
     """Whether a generator's vLLM engine process (its child titled VLLM::EngineCore) was forked from
     the service rather than spawned: a fork keeps the service's heap address, an exec'd process
