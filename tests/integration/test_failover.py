@@ -40,7 +40,7 @@ def loop(tmp_path_factory):
     cfg = load_config(overrides=[
         "cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "cluster.max_service_restarts=0",  # the survivors take the work
-        "policy.generation.max_new_tokens=24"])  # long enough that a kill lands mid-rollout
+    ])
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
     run_dir = root / "run"
@@ -79,22 +79,27 @@ def test_kill_9_mid_rollout_loses_no_sample_and_the_next_publish_reforms(loop):
     victim = ctx.generators()[1]  # holds prompts 8..15 of the step
     pid = _member(cluster, victim.member_id).pid
     killed: list[float] = []
+    generate = victim.client.generate
 
-    def kill_when_busy():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if victim.client.info().num_running > 0:  # its share of the rollout is in flight
-                os.killpg(pid, signal.SIGKILL)
-                killed.append(time.monotonic())
-                return
-            time.sleep(0.01)
+    def die_with_the_request_in_flight(*args, **kwargs):
+        # Freeze the victim so its share cannot finish, send the request, then kill -9 it while
+        # the stream is open: the rollout is mid-flight however fast the tiny model generates.
+        os.killpg(pid, signal.SIGSTOP)
 
+        def kill():
+            os.killpg(pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+        threading.Timer(0.5, kill).start()
+        yield from generate(*args, **kwargs)
+
+    victim.client.generate = die_with_the_request_in_flight
     failures = _watch_failures(services)
-    killer = threading.Thread(target=kill_when_busy, daemon=True)
-    killer.start()
-    metrics = grpo_step(ctx, 1)
-    killer.join(timeout=5)
-    assert killed, "the victim never started generating"
+    try:
+        metrics = grpo_step(ctx, 1)
+    finally:
+        del victim.client.generate  # the instance attribute shadowed the method
+    assert killed, "the victim was never asked to generate"
     assert [m for m, _ in failures] == [victim.member_id], "the kill did not land mid-rollout"
     assert metrics["num_samples"] == 16 * 8
     assert metrics["generation_weight_version"] == version  # every sample from the published version
