@@ -20,7 +20,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import HostedService, LocalCluster
 from coordinator.cluster.recovery import trainer_dead
@@ -112,6 +111,10 @@ class Run(RunBase):
         """The GRPO steps over the rollout pipeline (synchronous, or async within its age bound); a
         trainer that dies is relaunched and the loop resumes from the last checkpoint (at most
         cluster.max_trainer_restarts times)."""
+        # Imported here: the algorithms import torch (~1 s), which the services' launch need not
+        # wait for (tests/unit/coordinator/test_launch_imports.py); the tokenizer has imported it by now.
+        from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
+
         cfg, rollouts = self.cfg, grpo_pipeline(ctx)
 
         def step_fn(step: int) -> dict:

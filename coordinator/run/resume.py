@@ -18,8 +18,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from coordinator.run import checkpoint
 
 
@@ -52,6 +50,8 @@ class LoopState:
 
 def capture_rng() -> dict[str, object]:
     """The coordinator process's RNG (Python's and torch's CPU generator), JSON-safe."""
+    import torch  # here, not at the top: a run launches its services before it imports torch
+
     version, state, gauss = random.getstate()
     return {"python": [version, list(state), gauss],
             "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
@@ -62,6 +62,8 @@ def restore_rng(rng: dict[str, object]) -> None:
         version, state, gauss = rng["python"]
         random.setstate((version, tuple(state), gauss))
     if "torch" in rng:
+        import torch
+
         raw = base64.b64decode(rng["torch"])
         torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
