@@ -141,7 +141,8 @@ class RunBase:
                 self.log.info("step", phase=phase, step=step, **{k: round(v, 5) for k, v in metrics.items()})
                 if "first_step_s" not in self.timings:  # how long the run took to do any training
                     self.timings["first_step_s"] = time.perf_counter() - self._started
-                    self.progress.note(f"first {phase} step done {self.timings['first_step_s']:.1f}s after the "
+                    steps = f"step {step}" if step == first_step else f"steps {first_step}-{step}"  # a chunk
+                    self.progress.note(f"first {phase} {steps} done {self.timings['first_step_s']:.1f}s after the "
                                        "run began")
                 finished = stop(metrics)
                 bar.update(step, _describe(metrics), total=step if finished else None)
