@@ -65,8 +65,8 @@ def test_progress_lines_arrive_during_start_up_sft_and_grpo(piped):
     waits = [p for p in progress if re.match(r"starting services .*\(\d+s\): trainer [01]/1, generators [01]/1", p)]
     assert len(waits) >= 2, text  # one at once, then one every TANDEM_PROGRESS_INTERVAL_S while services start
     up, first, sft, grpo, end = (_first(lines, p) for p in (
-        r"services up in", r"first sft steps? [\d-]+ done \d+\.\ds after the run began", r"sft step 20/40", r"grpo step 1/2",
-        r"held-out accuracy: .* before GRPO"))
+        r"services up in", r"first sft steps? [\d-]+ done \d+\.\ds after the run began", r"sft step 20/40",
+        r"grpo step 1/2", r"held-out accuracy: .* before GRPO"))
     assert _first(lines, r"starting services") < up < first < sft < grpo < end  # each arrived as it happened
     assert end - sft > 1.0  # the SFT line was not flushed at the end with everything else
     for pattern in (r"held-out check at SFT step 40: accuracy", r"checkpoint at GRPO step 2",

@@ -6,14 +6,15 @@ nodes on network-namespace hosts). One short GRPO run is submitted from the logi
     n3                generators 0 and 1
 
 then, once the run's coordinator is up, a second job of one more generator (`--join 1`). Once
-that generator has served a rollout and the run has a checkpoint, the run's job is requeued (`scontrol requeue`, what a preemption does): it
-must come back, resume from that checkpoint and finish all its steps. Checked: the steps and
-samples, where each service ran, that every generator (the joined one included) served
-rollouts, that the joined generator drains when the run ends (the run's script signals the
-join job's script, which sends SIGTERM to the generator's own process), and that nothing is left
-(no job, no daemon, no process in the namespaces). The requeued run's old coordinator dismisses
-the joined generator as it goes, so the new incarnation runs without it. Needs root (namespaces) and Debian's
-slurm-wlm and munge, which scripts/setup.sh installs when run as root.
+that generator has served a rollout and the run has a checkpoint, the run's job is requeued
+(`scontrol requeue`, what a preemption does): it must come back, resume from that checkpoint
+and finish all its steps. Checked: the steps and samples, where each service ran, that every
+generator (the joined one included) served rollouts, that the joined generator drains when the
+run ends (the run's script signals the join job's script, which sends SIGTERM to the
+generator's own process), and that nothing is left (no job, no daemon, no process in the
+namespaces). The requeued run's old coordinator dismisses the joined generator as it goes, so
+the new incarnation runs without it. Needs root (namespaces) and Debian's slurm-wlm and munge,
+which scripts/setup.sh installs when run as root.
 """
 
 import json

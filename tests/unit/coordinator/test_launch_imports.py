@@ -30,5 +30,5 @@ def test_the_services_launch_before_torch_is_imported(tmp_path):
     env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home")}
     env.pop("TANDEM_TOKEN", None)
     done = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "runs")], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     assert "heavy at launch: []" in done.stdout, done.stdout + done.stderr
