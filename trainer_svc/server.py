@@ -103,10 +103,10 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
 
 
 async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse.Namespace, token: str,
-                log: Any) -> int:
-    """Serve until SIGTERM/SIGINT; in-flight engine work finishes before this returns. The exit
-    code is tandem.service.serve's."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-engine")
+                log: Any, executor: ThreadPoolExecutor) -> int:
+    """Serve until SIGTERM/SIGINT, running the engine's work on `executor` (one thread: the one that
+    built the engine); in-flight engine work finishes before this returns. The exit code is
+    tandem.service.serve's."""
     servicer = TrainerServicer(engine, executor)
     register, names = [lambda s: pb_grpc.add_TrainerServiceServicer_to_server(servicer, s)], [SERVICE_NAME]
     generator = generator_contract.GeneratorServicer(log)
@@ -124,8 +124,5 @@ async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse
         also.append((Announcement("generator", address, fingerprint, capacity=settings.generation.max_num_seqs,
                                   shares_trainer_weights=True),
                      lambda: Load(num_inflight=info().num_running, weight_version=info().weight_version)))
-    try:
-        return await service.serve(running, args, Announcement("trainer", address, fingerprint),
-                                   lambda: Load(weight_version=engine.weight_version), log, also=also)
-    finally:
-        executor.shutdown(wait=True)
+    return await service.serve(running, args, Announcement("trainer", address, fingerprint),
+                               lambda: Load(weight_version=engine.weight_version), log, also=also)
