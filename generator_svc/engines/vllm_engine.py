@@ -1,9 +1,12 @@
 """The vLLM engine: an `AsyncLLM` (multi-process mode) behind `GenerationEngine`.
 
-Every (prompt, sample) pair is its own vLLM request with n=1, so completions stream back
-as each finishes and concurrent calls batch continuously in one engine. With a seed,
-sample j of prompt i uses seed + i * n + j: vLLM's own n>1 seeding gives child k the
-seed s + k, so two requests with neighbouring seeds would share samples.
+Each prompt is one vLLM request of n samples, so a prompt's group streams back as it finishes
+and concurrent calls batch continuously in one engine. With a seed, sample j of prompt i uses
+seed + i * n + j: the request is seeded seed + i * n and vLLM seeds its child k with the
+parent's seed + k. One request per prompt rather than per sample: vLLM's per-request work in
+this process (input processing, output collection) is paid once per group (tiny-task rollout
+at the engine 136 -> 110 ms, benchmarks/generator_lifecycle.py). Greedy sampling (temperature
+0, where vLLM refuses n > 1) sends n requests of one sample, seeded alike.
 
 Weight swaps are atomic. The whole new version is first received into the worker while
 generation goes on (if that fails, the old weights keep serving and the error is
@@ -131,11 +134,12 @@ class VllmEngine:
             self._check_serving()
             self._check_lengths(prompts, sampling)
             tag = f"{request_id or 'generate'}-{uuid.uuid4().hex[:8]}"
-            tasks = [asyncio.create_task(self._sample(list(prompt), i, j, sampling, f"{tag}-{i}-{j}"))
-                     for i, prompt in enumerate(prompts) for j in range(sampling.n)]
+            tasks = [asyncio.create_task(self._sample(list(prompt), i, first, n, sampling, f"{tag}-{i}-{first}"))
+                     for i, prompt in enumerate(prompts) for first, n in _requests_of(sampling)]
             try:
                 for finished in asyncio.as_completed(tasks):
-                    yield await finished
+                    for completion in await finished:
+                        yield completion
             finally:  # the caller went away or a sample failed: abort what is still running
                 for task in tasks:
                     task.cancel()
@@ -164,20 +168,21 @@ class VllmEngine:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens; with max_tokens={sampling.max_tokens} "
                                  f"it exceeds max_model_len={limit}")
 
-    async def _sample(self, prompt: list[int], prompt_index: int, sample_index: int,
-                      sampling: SamplingConfig, request_id: str) -> Completion:
+    async def _sample(self, prompt: list[int], prompt_index: int, first_sample: int, n: int,
+                      sampling: SamplingConfig, request_id: str) -> list[Completion]:
+        """Samples first_sample .. first_sample + n - 1 of one prompt, as one vLLM request."""
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
         try:  # vLLM's own checks of the request (e.g. temperature in [0, 2]) are the caller's mistakes
             params = SamplingParams(
-                n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
-                max_tokens=sampling.max_tokens, seed=sampling.sample_seed(prompt_index, sample_index),
+                n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
+                max_tokens=sampling.max_tokens, seed=sampling.sample_seed(prompt_index, first_sample),
                 logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
         except VLLMClientError as exc:
             raise ValueError(f"prompt {prompt_index}: {exc}") from exc
-        self._num_running += 1
+        self._num_running += n
         final = None
         try:
             async for output in self._llm.generate({"prompt_token_ids": prompt}, params, request_id):
@@ -185,9 +190,11 @@ class VllmEngine:
         except VLLMClientError as exc:
             raise ValueError(f"prompt {prompt_index}: {exc}") from exc
         finally:
-            self._num_running -= 1
-        assert final is not None and final.finished, f"vLLM request {request_id} ended without a final output"
-        return to_completion(final.outputs[0], prompt_index, sample_index, self._version)
+            self._num_running -= n
+        assert final is not None and final.finished and len(final.outputs) == n, \
+            f"vLLM request {request_id} ended without its {n} final outputs"
+        return [to_completion(output, prompt_index, first_sample + output.index, self._version)
+                for output in final.outputs]
 
     async def load_weights(self, source: WeightSource, version: int) -> int:
         log = self._log.bind(weight_version=version, source=type(source).__name__)
@@ -296,6 +303,13 @@ class VllmEngine:
             # vLLM's AsyncLLM.__del__ runs shutdown again at interpreter exit, when the module
             # globals it needs are gone (a TypeError on stderr); it already ran.
             llm.shutdown = lambda timeout=None: None
+
+
+def _requests_of(sampling: SamplingConfig) -> list[tuple[int, int]]:
+    """(first sample index, number of samples) of each vLLM request one prompt is sent as."""
+    if sampling.temperature == 0 and sampling.n > 1:  # vLLM: "n must be 1 when using greedy sampling"
+        return [(j, 1) for j in range(sampling.n)]
+    return [(0, sampling.n)]
 
 
 def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool, float | None]:

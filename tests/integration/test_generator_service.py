@@ -164,6 +164,20 @@ def test_concurrent_generate_calls_stream_every_sample(env):
     assert len({c.token_ids for c in results[0]}) > 1
 
 
+def test_a_seeded_sample_is_its_seed_whatever_the_grouping(env):
+    """Sample j of prompt i in a seeded call (one vLLM request of n per prompt) is the sample a
+    call of that prompt alone with n=1, seeded seed + i*n + j, gives: what a rollout's re-send of
+    a dead generator's prompts relies on (coordinator/loop/rollout.py)."""
+    client, batch = env["client"], prompts(env["tokenizer"], 3, length=12)
+    grouped = {(c.prompt_index, c.sample_index): c.token_ids for c in client.generate(
+        batch, SamplingConfig(n=4, temperature=1.0, max_tokens=MAX_TOKENS, seed=50), timeout_s=120)}
+    for i, j in [(0, 0), (1, 3), (2, 1)]:
+        [alone] = client.generate([batch[i]], SamplingConfig(n=1, temperature=1.0, max_tokens=MAX_TOKENS,
+                                                             seed=50 + i * 4 + j), timeout_s=120)
+        assert alone.token_ids == grouped[(i, j)], f"prompt {i} sample {j}"
+    assert len(set(grouped.values())) > 1
+
+
 def test_throughput_16_prompts_x_8_samples(env):
     batch = prompts(env["tokenizer"], 16)
     started = time.monotonic()
