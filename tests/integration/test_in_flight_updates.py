@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 NEW_TOKENS = 448
 NUM_PROMPTS = 48
+MAX_NUM_SEQS = 3 * NUM_PROMPTS
+"""Every request of the test (greedy n=1 and seeded n=2 per prompt) runs at once: one that waited
+in vLLM's queue until after the push would be sampled by version 1 alone, and rightly say so."""
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["recompute", "keep-kv"])
@@ -38,7 +41,7 @@ def generator(request, tmp_path_factory):
     model_b, _ = build_model(root / "B", seed=1)
     settings = root / "generator.json"
     settings.write_text(json.dumps({
-        "model_name": str(root / "A"), "max_model_len": 512, "max_num_seqs": 64, "seed": 0,
+        "model_name": str(root / "A"), "max_model_len": 512, "max_num_seqs": MAX_NUM_SEQS, "seed": 0,
         "scratch_dir": str(root / "s"), "in_flight_weight_updates": True,
         "recompute_kv_cache_after_weight_updates": request.param}))
     service = procs.start(procs.python_module("generator_svc", "--settings", str(settings)), root, "generator",
