@@ -1,8 +1,9 @@
 """One vLLM generator engine of the embedded model, alone (no service, no gRPC), timed through its
 life: importing vLLM, building the engine (its EngineCore process forked from this one, Tandem's
 default; `--engine-start spawn` spawns it as vLLM's CPU platform would, importing vLLM again),
-a tiny-task rollout (16 prompts x 8 samples x 4 new tokens) sent as one request per sample (what
-VllmEngine.generate does) and as one request of n=8 per prompt (the same seeds), interleaved, and
+a tiny-task rollout (16 prompts x 8 samples x 4 new tokens) sent to vLLM as one request per sample
+and as one request of n=8 per prompt (the same seeds), and through VllmEngine.generate (which sends
+one request of n per prompt), interleaved, and
 closing the engine:
 
     PYTHONPATH=. .venv/bin/python benchmarks/generator_lifecycle.py --repeats 15
@@ -27,18 +28,21 @@ PROMPTS = [[1, 5 + i, 7, 9, 11] for i in range(16)]
 SAMPLES, TOKENS, SEED = 8, 4, 123
 
 
-async def _per_prompt(engine) -> None:
-    """The same rollout as one vLLM request of n samples per prompt (vLLM seeds child k with seed + k)."""
+async def _direct(engine, per_prompt: bool) -> None:
+    """The rollout as vLLM requests: one of n samples per prompt (vLLM seeds child k with seed + k),
+    or one per sample seeded alike."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    async def one(index: int, prompt: list[int]) -> None:
-        params = SamplingParams(n=SAMPLES, temperature=1.0, max_tokens=TOKENS, seed=SEED + index * SAMPLES,
-                                logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-        async for _ in engine._llm.generate({"prompt_token_ids": prompt}, params, f"bench-{time.monotonic_ns()}-{index}"):
+    async def one(seed: int, n: int, prompt: list[int]) -> None:
+        params = SamplingParams(n=n, temperature=1.0, max_tokens=TOKENS, seed=seed, logprobs=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        async for _ in engine._llm.generate({"prompt_token_ids": prompt}, params, f"bench-{time.monotonic_ns()}-{seed}"):
             pass
 
-    await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
+    requests = ([(SEED + i * SAMPLES, SAMPLES, p) for i, p in enumerate(PROMPTS)] if per_prompt
+                else [(SEED + i * SAMPLES + j, 1, p) for i, p in enumerate(PROMPTS) for j in range(SAMPLES)])
+    await asyncio.gather(*(one(*request) for request in requests))
 
 
 async def _measure(settings, repeats: int, vllm_exit_grace: bool) -> None:
@@ -52,12 +56,14 @@ async def _measure(settings, repeats: int, vllm_exit_grace: bool) -> None:
     built = time.perf_counter() - started
     sampling = SamplingConfig(temperature=1.0, max_tokens=TOKENS, n=SAMPLES, seed=SEED)
 
-    async def per_sample() -> None:
+    async def tandem() -> None:
         async for _ in engine.generate(PROMPTS, sampling):
             pass
 
-    times: dict[str, list[float]] = {"one request per sample": [], "one request of n per prompt": []}
-    fns = dict(zip(times, (per_sample, lambda: _per_prompt(engine))))
+    fns = {"vLLM, one request per sample": lambda: _direct(engine, per_prompt=False),
+           "vLLM, one request of n per prompt": lambda: _direct(engine, per_prompt=True),
+           "VllmEngine.generate": tandem}
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for index in range(repeats + 3):  # 3 warm-up rounds
         for name in list(fns)[::1 if index % 2 else -1]:
             clock = time.perf_counter()
