@@ -7,7 +7,9 @@
 Needs TRL (`pip install -e '.[bench]'`). In one invocation it writes the task (the embedded
 2-digit addition, coordinator/embedded/arithmetic.py, 6000 train / 500 held-out rows), builds
 each case's start checkpoint once, and runs TRL and Tandem from it alternately (TRL, Tandem,
-TRL, Tandem, ...), each rep in a fresh process (`tandem run` for Tandem):
+TRL, Tandem, ...), each rep in a fresh process (`tandem run` for Tandem), Tandem both synchronous ("tandem") and
+asynchronous ("tandem-async": grpo.async_grpo with max_trajectory_age_steps 1, which needs the
+importance-sampling correction by the generator's logprobs; benchmarks/async_overlap.py's settings):
 
 - tiny: the embedded tiny Llama (~1M parameters), SFT-warmed with plain transformers to ~45-50%
   held-out accuracy, 4 new tokens;
@@ -20,8 +22,8 @@ Per case it prints, per system: greedy held-out accuracy before and after (the s
 transformers code scores every final model: TRL's saved model, Tandem's last checkpoint), the
 median seconds per step (steps after the first), completions/s and completion tokens/s,
 start-up (TRL: process launch to its first step; Tandem: `tandem run` to its first GRPO step,
-which includes its held-out validation before GRPO) and the median phase times, then the
-Tandem/TRL ratio of completions/s. Timings are only meaningful on a quiet machine.
+which includes its held-out validation before GRPO) and the median phase times, then each
+Tandem mode's ratio of completions/s to TRL's. Timings are only meaningful on a quiet machine.
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ from rl_bench import (
     tandem_figures,
     write_task,
 )
+from async_overlap import MODES
 from vs_trl_settings import SharedSettings, tandem_overrides, trl_kwargs
+
+TANDEM_MODES = {"tandem": MODES["sync"], "tandem-async": MODES["async"]}
+"""Tandem's systems in the comparison, as the overrides each adds to the shared settings'."""
 
 TANDEM_PHASES = {"generate": ("time_rollout_s",), "train": ("time_advantages_s", "time_train_s"),
                  "publish": ("time_publish_s",)}
@@ -84,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heavy-val", type=int, default=100, help="held-out prompts scored in the heavy case")
     p.add_argument("--sft-target", type=float, default=0.45, help="tiny case: SFT until held-out accuracy >= this")
     p.add_argument("--quick", action="store_true", help="smoke check: 3 tiny / 2 heavy steps, 1 rep")
+    p.add_argument("--systems", default="trl,tandem,tandem-async",
+                   help="comma-separated, run in this order each rep: trl, tandem, tandem-async")
     p.add_argument("--tandem-override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra `tandem run` override for every Tandem rep (e.g. cluster.trainer_ranks=2)")
     p.add_argument("--work-dir", type=Path, default=None, help="default: a temporary directory, removed at the end")
@@ -142,13 +150,14 @@ def run_tandem_rep(case: Case, rep_dir: Path, extra: list[str]) -> Rep:
 
 
 def run_case(case: Case, args, work: Path) -> dict[str, list[Rep]]:
-    reps: dict[str, list[Rep]] = {"trl": [], "tandem": []}
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    reps: dict[str, list[Rep]] = {name: [] for name in systems}
     for rep in range(args.reps):  # A/B/A/B
-        for system in ("trl", "tandem"):
+        for system in systems:
             rep_dir = work / case.name / f"{system}-{rep}"
             print(f"  {case.name} rep {rep + 1}/{args.reps}: {system} ...", flush=True)
             done = (run_trl_rep(case, rep_dir) if system == "trl"
-                    else run_tandem_rep(case, rep_dir, args.tandem_override))
+                    else run_tandem_rep(case, rep_dir, TANDEM_MODES[system] + args.tandem_override))
             reps[system].append(done)
             print(f"    {_rep_line(case, done)}", flush=True)
     return reps
@@ -167,7 +176,7 @@ def print_table(case: Case, reps: dict[str, list[Rep]]) -> None:
     s = case.settings
     print(f"\n{case.name}: {case.note}; {s.num_prompts_per_step} prompts x {s.num_generations} samples, "
           f"{s.num_steps} steps, {len(case.task.val_rows)} held-out prompts")
-    print(f"{'system':<7} {'held-out before -> after (per rep)':<36} {'s/step':>7} {'compl/s':>8} {'tok/s':>8} "
+    print(f"{'system':<12} {'held-out before -> after (per rep)':<36} {'s/step':>7} {'compl/s':>8} {'tok/s':>8} "
           f"{'start-up s':>10}  median phases s/step")
     rates = {}
     for system, runs in reps.items():
@@ -177,9 +186,10 @@ def print_table(case: Case, reps: dict[str, list[Rep]]) -> None:
         after = ", ".join(f"{r.accuracy_after:.3f}" for r in runs)
         phases = {k: median([r.figures.phases.get(k, float("nan")) for r in runs]) for k in runs[0].figures.phases}
         startup = median([r.figures.startup_s for r in runs])
-        print(f"{system:<7} {f'{case.accuracy_before:.3f} -> {after}':<36} {step:>7.3f} {rates[system]:>8.1f} "
+        print(f"{system:<12} {f'{case.accuracy_before:.3f} -> {after}':<36} {step:>7.3f} {rates[system]:>8.1f} "
               f"{tokens:>8.0f} {startup:>10.1f}  " + " ".join(f"{k} {v:.3f}" for k, v in phases.items()))
-    print(f"Tandem/TRL completions/s: {rates['tandem'] / rates['trl']:.2f}x")
+    for system in (name for name in rates if name != "trl" and "trl" in rates):
+        print(f"{system}/TRL completions/s: {rates[system] / rates['trl']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -200,8 +210,8 @@ def main(argv: list[str] | None = None) -> None:
             print_table(case, reps)
         print("\nreproduce one rep of each system (its files stay only with --work-dir):")
         for case, reps in results:
-            print(f"  {case.name} TRL:    PYTHONPATH=. {reps['trl'][0].command}")
-            print(f"  {case.name} Tandem: PYTHONPATH=. {reps['tandem'][0].command}")
+            for system, runs in reps.items():
+                print(f"  {case.name} {system}: PYTHONPATH=. {runs[0].command}")
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
