@@ -2,7 +2,7 @@
 vLLM generators, 1 reward service), in one flow that shares the cluster:
 
 1. 1 -> 3: two generators join mid-run; each gets the current weights, then work.
-2. kill -9 of a random generator mid-step, repeated (TANDEM_FAULT_KILLS, default 10), a
+2. kill -9 of a random generator mid-step, repeated (TANDEM_FAULT_KILLS, default 6), a
    replacement spawned after each kill so the pool never runs dry: the kill lands the moment
    the victim's first completion of the step reaches the coordinator (or after the step if it
    got no work), every step returns all its samples, and every sample comes from the version
@@ -41,7 +41,7 @@ from tests import procs
 pytestmark = pytest.mark.integration
 
 SAMPLES = 16 * 8
-KILLS = int(os.environ.get("TANDEM_FAULT_KILLS", "10"))
+KILLS = int(os.environ.get("TANDEM_FAULT_KILLS", "6"))  # each kill starts a replacement vLLM
 
 
 class Recorder:

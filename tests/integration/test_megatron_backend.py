@@ -46,14 +46,6 @@ def megatron(model_dir: str, **cfg) -> dict:
     return {"model_name": model_dir, "megatron_cfg": {"enabled": True, **cfg}}
 
 
-def test_converted_logits_equal_hf_at_tp1_and_tp2(model_dir, tmp_path):
-    cache = tmp_path / "cache"
-    tp1, _ = run_worker(tmp_path, megatron(model_dir), "logits", 1, cache)
-    tp2, _ = run_worker(tmp_path, megatron(model_dir, tensor_model_parallel_size=2), "logits", 2, cache)
-    assert tp1["max_abs_diff"] < 1e-4 and tp2["max_abs_diff"] < 1e-4, (tp1, tp2)
-    assert tp1["max_abs_logit"] > 0.1  # the comparison is not between near-zero tensors
-
-
 def test_megatron_equals_dtensor_and_layouts_equal_tp1(model_dir, tmp_path):
     cache = tmp_path / "cache"
     dtensor, _ = run_worker(tmp_path, {"model_name": model_dir}, "step2", 1, cache)
@@ -108,15 +100,16 @@ def test_streamed_publish_equals_the_export_and_holds_one_tensor_at_a_time(model
     assert out["streamed_peak"] <= tensors_held * out["largest_tensor_bytes"] < out["model_bytes"] <= out["whole_peak"]
 
 
-def test_cache_is_made_once_and_reused(model_dir, tmp_path):
+def test_converted_logits_equal_hf_at_tp1_and_tp2_and_the_cache_is_made_once(model_dir, tmp_path):
     cache = tmp_path / "cache"
-    first, log1 = run_worker(tmp_path, megatron(model_dir), "logits", 1, cache)
-    second, log2 = run_worker(tmp_path, megatron(model_dir, tensor_model_parallel_size=2), "logits", 2, cache)
-    assert first["conversion"] == "converted" and "megatron_checkpoint_converted" in log1
-    assert second["conversion"] == "cached" and "megatron_checkpoint_converted" not in log2
+    tp1, log1 = run_worker(tmp_path, megatron(model_dir), "logits", 1, cache)
+    tp2, log2 = run_worker(tmp_path, megatron(model_dir, tensor_model_parallel_size=2), "logits", 2, cache)
+    assert tp1["max_abs_diff"] < 1e-4 and tp2["max_abs_diff"] < 1e-4, (tp1, tp2)
+    assert tp1["max_abs_logit"] > 0.1  # the comparison is not between near-zero tensors
+    assert tp1["conversion"] == "converted" and "megatron_checkpoint_converted" in log1
+    assert tp2["conversion"] == "cached" and "megatron_checkpoint_converted" not in log2
     entries = [p for p in cache.iterdir() if not p.name.startswith(".")]
     assert len(entries) == 1 and (entries[0] / "tandem_conversion.json").is_file()
-    assert second["max_abs_diff"] < 1e-4
 
 
 def test_interrupted_conversion_is_not_reused(model_dir, tmp_path):
