@@ -149,6 +149,10 @@ def test_the_trainer_answers_every_fuzzed_message_with_the_callers_mistake(train
     _fuzzed(fuzzer)
 
 
+def _says(log: Path, event: str) -> bool:
+    return log.exists() and event in log.read_text(errors="replace")
+
+
 @pytest.fixture(scope="module")
 def generator(model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("fuzz_generator")
@@ -161,7 +165,10 @@ def generator(model, tmp_path_factory):
 
     def watch() -> None:
         while not stop.is_set() and not (workdir / "generator.addr").exists():
-            if check_health(f"127.0.0.1:{port}", "", timeout_s=0.5):
+            # An answer still in flight when the engine came up may rightly say SERVING: early
+            # only if the log (the service logs engine_loaded before it serves) does not say so yet.
+            if check_health(f"127.0.0.1:{port}", "", timeout_s=0.5) and not _says(workdir / "generator.log",
+                                                                                 "engine_loaded"):
                 early.append("SERVING")
             stop.wait(0.1)
     watcher = threading.Thread(target=watch, daemon=True)
