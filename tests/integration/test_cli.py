@@ -16,9 +16,11 @@ pytestmark = pytest.mark.integration
 def _tandem(*args: str, cwd: Path, env_home: Path, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "TANDEM_HOME": str(env_home), "OMP_NUM_THREADS": "1"}
     env.pop("TANDEM_TOKEN", None)
+    # As from a terminal: SIGINT at its default, so Python turns it into KeyboardInterrupt (a suite
+    # started as a background job of a script inherits SIGINT ignored, and Python keeps it so).
     return subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            **kwargs)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
 
 
 def _service_pids(run_dir: Path) -> dict[str, int]:
