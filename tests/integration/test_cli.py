@@ -13,14 +13,18 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+# `python -m coordinator.cli.main`, with Ctrl-C a KeyboardInterrupt as from a terminal: a suite started
+# as a background job of a script inherits SIGINT ignored, and Python keeps an inherited SIG_IGN.
+_CLI = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "runpy.run_module('coordinator.cli.main', run_name='__main__', alter_sys=True)")
+
+
 def _tandem(*args: str, cwd: Path, env_home: Path, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "TANDEM_HOME": str(env_home), "OMP_NUM_THREADS": "1"}
     env.pop("TANDEM_TOKEN", None)
-    # As from a terminal: SIGINT at its default, so Python turns it into KeyboardInterrupt (a suite
-    # started as a background job of a script inherits SIGINT ignored, and Python keeps it so).
-    return subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-c", _CLI, *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+                            **kwargs)
 
 
 def _service_pids(run_dir: Path) -> dict[str, int]:
