@@ -150,7 +150,8 @@ def test_the_trainer_answers_every_fuzzed_message_with_the_callers_mistake(train
 
 
 def _says(log: Path, event: str) -> bool:
-    return log.exists() and event in log.read_text(errors="replace")
+    """Whether the service's JSON log holds a line of `event`."""
+    return log.exists() and f'"event": "{event}"' in log.read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
