@@ -27,14 +27,12 @@ def pytest_configure(config) -> None:
 
 
 LONGEST_FIRST = (
-    "tests/compose/", "tests/integration/test_resume.py", "tests/integration/test_recipes.py",
-    "tests/integration/test_elastic.py", "tests/integration/test_run_output.py", "tests/integration/test_bad_inputs.py",
-    "tests/slurm/", "tests/integration/test_faults.py", "tests/integration/test_megatron_backend.py",
-    "tests/integration/test_dtensor_custom_plan.py", "tests/integration/test_grpo_end_to_end.py",
-    "tests/integration/test_model_families.py", "tests/integration/test_megatron_moe.py", "tests/multihost/",
+    "tests/integration/test_megatron_backend.py", "tests/slurm/", "tests/integration/test_elastic.py",
+    "tests/integration/test_resume.py", "tests/compose/", "tests/integration/test_recipes.py",
+    "tests/integration/test_megatron_grpo.py", "tests/integration/test_model_families.py",
+    "tests/integration/test_bad_inputs.py", "tests/integration/test_megatron_moe.py", "tests/multihost/",
 )
-"""Test files that take a worker longest (a few minutes each), in that order (a full run's
-`--durations`, 2026-11-27; re-measure when a file's cost changes): pytest-xdist hands
+"""Test files that take a worker longest (a few minutes each), in that order: pytest-xdist hands
 whole files to workers in collection order (--dist loadfile), so these start first and the many
 short ones fill the gaps at the end, instead of one of them running alone at the end."""
 
