@@ -48,6 +48,9 @@ class SandboxResult:
     setup_error: str
     cpu_s: float
     wall_s: float
+    uid: int
+    """The uid the program ran as (UID_BASE + the launcher's pid): the host's processes of that
+    uid are this run's, and none may outlive it."""
 
 
 def _readonly_paths() -> list[str]:
@@ -111,7 +114,8 @@ def run_program(program: str, limits: SandboxLimits, *, input_text: str = "") ->
     output, truncated = got[out_r]
     return SandboxResult(exit_code=status["exit_code"], timed_out=status["timed_out"],
                          output=output.decode(errors="replace"), output_truncated=truncated, reports=got[rep_r][0],
-                         setup_error=status["setup_error"], cpu_s=status["cpu_s"], wall_s=time.monotonic() - started)
+                         setup_error=status["setup_error"], cpu_s=status["cpu_s"], wall_s=time.monotonic() - started,
+                         uid=UID_BASE + launcher.pid)
 
 
 def _launcher_status(status_line: bytes, stderr: bytes, returncode: int, late: bool) -> dict:

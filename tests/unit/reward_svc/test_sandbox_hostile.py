@@ -20,6 +20,7 @@ import select
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -236,21 +237,22 @@ SAFE_UNSANDBOXED = ["read_world_readable_file", "read_root_only_token_file", "re
                     "subprocess_client", "ctypes_setuid_root", "ctypes_unshare_user_and_net", "raise_own_rlimits"]
 
 
-def _sandbox_processes() -> list[int]:
-    """Host pids running as a sandbox uid."""
+def _sandbox_processes(uids: set[int]) -> list[int]:
+    """Host pids running as one of `uids`: this test's sandboxes. (Not any sandbox uid: another
+    pytest-xdist worker may be running sandboxes of its own tests meanwhile.)"""
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             uid = int(next(line for line in status.read_text().splitlines() if line.startswith("Uid:")).split()[1])
         except (OSError, StopIteration):
             continue
-        if uid >= runner.UID_BASE:
+        if uid in uids:
             found.append(int(status.parent.name))
     return found
 
 
-def _sandbox_dirs() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("tandem-sandbox-*")}
+def _sandbox_dirs(root: Path) -> set[str]:
+    return {p.name for p in root.glob("tandem-sandbox-*")}
 
 
 @pytest.fixture(scope="module")
@@ -263,15 +265,21 @@ def world(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def outcome(world):
-    dirs_before = _sandbox_dirs()
+def outcome(world, tmp_path_factory):
+    # the sandboxes' root directories go to a folder of this test's own, so that only theirs are counted
+    roots, tempdir = tmp_path_factory.mktemp("sandbox-roots"), tempfile.tempdir
     programs = {name: "ok = False\n" + make(world) for name, make in CASES.items()}
     started = time.monotonic()
-    with ThreadPoolExecutor(8) as pool:
-        runs = dict(zip(programs, pool.map(lambda p: code.run_tests(p, ONLY_TEST, LIMITS), programs.values())))
+    tempfile.tempdir = str(roots)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            runs = dict(zip(programs, pool.map(lambda p: code.run_tests(p, ONLY_TEST, LIMITS), programs.values())))
+    finally:
+        tempfile.tempdir = tempdir
     elapsed = time.monotonic() - started
-    return {"runs": runs, "elapsed_s": elapsed, "leftover_dirs": _sandbox_dirs() - dirs_before,
-            "leftover_processes": _sandbox_processes(), "host_problems": world.problems()}
+    return {"runs": runs, "elapsed_s": elapsed, "leftover_dirs": _sandbox_dirs(roots),
+            "leftover_processes": _sandbox_processes({r.sandbox.uid for r in runs.values()}),
+            "host_problems": world.problems()}
 
 
 def test_the_suite_is_large_enough():
@@ -330,6 +338,6 @@ def test_killing_the_launcher_takes_the_whole_sandbox_down(monkeypatch):
     result = runner.run_program(program, LIMITS)
     assert result.timed_out and result.exit_code == -9 and result.wall_s < LIMITS.wall_s
     deadline = time.monotonic() + 2.0
-    while _sandbox_processes() and time.monotonic() < deadline:
+    while _sandbox_processes({result.uid}) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _sandbox_processes() == []
+    assert _sandbox_processes({result.uid}) == []
