@@ -104,11 +104,7 @@ def _tokens(cfg: ExperimentConfig):
     """The run's tokenizer (the embedded one, built here, when policy.model_name is unset)."""
     from coordinator.data.tokens import Tokens
 
-    if cfg.policy.model_name is not None:
-        return Tokens(cfg.policy.model_name)
-    from coordinator.embedded.tiny_model import build_char_tokenizer
-
-    return Tokens("the embedded model", build_char_tokenizer())
+    return Tokens.of_run(cfg.policy.model_name, cfg.policy.model_name or "the embedded model")
 
 
 def _prompt_room(cfg: ExperimentConfig, longest: int) -> str:

@@ -62,7 +62,7 @@ class Run(RunBase):
         loaded: dict = {}
 
         def read_data() -> None:  # while the services boot: the tokenizer, the prompts rendered and tokenized
-            tokens = Tokens(model_dir)
+            tokens = Tokens.of_run(cfg.policy.model_name, model_dir)
             loaded.update(tokens=tokens, train=read_examples(train_path, cfg.data, tokens),
                           val=read_examples(val_path, cfg.data, tokens, split=cfg.data.val_split) if val_path else [])
 
