@@ -1,6 +1,9 @@
 """Exact resume: GRPO steps 3-4 of a run stopped after step 2 and resumed with
 `Run(cfg, resume=True)` (what `tandem run --resume` does) equal those of an uninterrupted
-run with the same seed, to 1e-6 (fp32, 2 trainer ranks over gloo, 1 vLLM generator).
+run with the same seed, to 1e-6 (fp32, 2 trainer ranks over gloo, 1 vLLM generator). The
+stopped run is the uninterrupted one's directory as a crash right after its step-2 checkpoint
+leaves it (`latest` names step 2, no later checkpoint, no summary.json, metrics.jsonl and the
+logs as they were): the resume must drop the rows logged after the checkpoint itself.
 A short SFT warm start first, so that rewards vary and every GRPO step moves the policy;
 the resumed run must skip it (the checkpoint says the warm start is done).
 
@@ -10,6 +13,7 @@ for it alone, holds exactly the weights the run exported at its end (<run>/hf)."
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -64,7 +68,7 @@ def test_steps_after_a_resume_equal_an_uninterrupted_run(tmp_path, monkeypatch):
     assert not (tmp_path / "never-ran").exists()
 
     straight = Run(_cfg(tmp_path, "straight", 4), console).execute()
-    Run(_cfg(tmp_path, "resumed", 2), console).execute()  # stops after step 2 (checkpoint step_000002)
+    _as_if_it_crashed_after_step_2(tmp_path / "straight", tmp_path / "resumed")
     resumed = Run(_cfg(tmp_path, "resumed", 4), console, resume=True).execute()
     print(f"\ntimings straight: {straight['timings_s']}\ntimings resumed: {resumed['timings_s']}")
 
@@ -80,6 +84,12 @@ def test_steps_after_a_resume_equal_an_uninterrupted_run(tmp_path, monkeypatch):
     assert resumed["sft_steps"] == straight["sft_steps"] == 60 and "warm_start_done" not in _events(tmp_path / "resumed", 2)
     assert "resume_s" in resumed["timings_s"] and "checkpoint_s" in straight["timings_s"]
     _assert_export_of_the_last_checkpoint_is_the_runs_model(tmp_path / "straight", tmp_path / "home", tmp_path)
+
+
+def _as_if_it_crashed_after_step_2(run_dir, copy) -> None:
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("summary.json", "hf", "step_000004"))
+    assert [json.loads(line)["step"] for line in (copy / "metrics.jsonl").read_text().splitlines()][-1] == 4
+    (copy / "checkpoints" / "latest").write_text("step_000002")
 
 
 def _tandem_export(*args: str, home) -> subprocess.CompletedProcess:
