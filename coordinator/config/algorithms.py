@@ -119,6 +119,8 @@ class GRPOConfig(Section):
     val_period: int = Field(10, ge=0)
     """Validate every this many steps (0: only at the start and the end)."""
     val_at_start: bool = True
+    """Check the held-out accuracy before the first GRPO step (false: no check there, and no
+    "before -> after" line; after an SFT warm start its last check is that starting point)."""
     max_val_samples: int = Field(500, gt=0)
     seed: int = 42
 

@@ -85,7 +85,7 @@ class Run(RunBase):
         clock = self._clock()
         if resumed is not None:
             accuracy_start = resumed.accuracy_before
-        elif accuracy_start is None and val:
+        elif accuracy_start is None and val and cfg.grpo.val_at_start:
             ctx.publish()
             accuracy_start = self._validate(ctx, val, step=0)
         elif accuracy_start is not None:

@@ -154,6 +154,7 @@ def test_dapo_recipe_exercises_dynamic_sampling(tmp_path, monkeypatch, home):
         assert all(name in row for name in counters), sorted(row)
         assert row["dynamic_sampling_num_gen_batches"] >= 1 and 0 < row["filtered_reward"] < 1
     assert sum(r["dynamic_sampling_num_zero_variance_groups"] for r in grpo) > 0
+    assert [r["step"] for r in _rows(summary, "val")] == [2]  # grpo.val_at_start=false: none at step 0
     logged = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert any("dynamic_sampling_num_zero_variance_groups" in row for row in logged)
     assert_exported_model_generates(summary)
