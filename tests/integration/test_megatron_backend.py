@@ -26,8 +26,8 @@ def model_dir(tmp_path_factory) -> str:
     return str(ensure_tiny_model(tmp_path_factory.mktemp("megatron-model")))
 
 
-def run_worker(tmp: Path, settings: dict, job: str, nproc: int, cache: Path, extra_env: dict | None = None,
-               check: bool = True) -> tuple[dict, str]:
+def run_worker(tmp: Path, settings: dict | list[dict], job: str, nproc: int, cache: Path,
+               extra_env: dict | None = None, check: bool = True) -> tuple[dict | list[dict], str]:
     tag = f"{job}-{len(list(tmp.glob('*.settings.json')))}"
     settings_path, out = tmp / f"{tag}.settings.json", tmp / f"{tag}.out.json"
     settings_path.write_text(json.dumps(settings))
@@ -48,13 +48,13 @@ def megatron(model_dir: str, **cfg) -> dict:
 
 def test_megatron_equals_dtensor_and_layouts_equal_tp1(model_dir, tmp_path):
     cache = tmp_path / "cache"
-    dtensor, _ = run_worker(tmp_path, {"model_name": model_dir}, "step2", 1, cache)
-    tp1, _ = run_worker(tmp_path, megatron(model_dir), "step2", 1, cache)
-    tp2, _ = run_worker(tmp_path, megatron(model_dir, tensor_model_parallel_size=2), "step2", 2, cache)
-    pp2, _ = run_worker(tmp_path, megatron(model_dir, pipeline_model_parallel_size=2), "step2", 2, cache)
-    dp2, _ = run_worker(tmp_path, megatron(model_dir, optimizer={"use_distributed_optimizer": True}), "step2", 2, cache)
-    sp, _ = run_worker(tmp_path, megatron(model_dir, tensor_model_parallel_size=2, sequence_parallel=True,
-                                          activation_checkpointing=True), "step2", 2, cache)
+    # one launch per world size, its layouts one after another (tests/megatron/worker.py)
+    dtensor, tp1 = run_worker(tmp_path, [{"model_name": model_dir}, megatron(model_dir)], "step2", 1, cache)[0]
+    tp2, pp2, dp2, sp = run_worker(tmp_path, [
+        megatron(model_dir, tensor_model_parallel_size=2), megatron(model_dir, pipeline_model_parallel_size=2),
+        megatron(model_dir, optimizer={"use_distributed_optimizer": True}),
+        megatron(model_dir, tensor_model_parallel_size=2, sequence_parallel=True, activation_checkpointing=True)],
+        "step2", 2, cache)[0]
     first = dtensor["steps"][0]
     assert abs(tp1["steps"][0]["loss"] - first["loss"]) < 1e-4
     assert abs(tp1["steps"][0]["grad_norm"] - first["grad_norm"]) < 1e-4

@@ -2,6 +2,10 @@
 every rank, runs one job and writes rank 0's results as JSON.
 
     torchrun --nproc-per-node N -m tests.megatron.worker SETTINGS_JSON JOB OUT_JSON
+SETTINGS_JSON holds one TrainerSettings, or a list of them: then each builds its backend in
+turn in the one launch (closed before the next: Megatron's model-parallel state is destroyed
+and made again), and OUT_JSON holds the list of their results. One launch of several layouts
+saves each further one the ranks' start (importing torch and Megatron: ~8 s a rank here).
 Jobs: logits (Megatron logits vs the HF model's on a fixed batch), step (GRPO train steps on
 a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the checkpoint's),
 publish (streamed weight sync to a receiver process vs the HF export, peak bytes held),
@@ -265,35 +269,41 @@ def main() -> None:
             Path(out_path).write_text(json.dumps(result))
         close_distributed()
         return
-    settings = TrainerSettings.model_validate_json(Path(settings_path).read_text())
+    raw = json.loads(Path(settings_path).read_text())
     if os.environ.get("RANK") == "1" and os.environ.get("TANDEM_TEST_RANK1_CACHE"):
         # a rank whose cache directory is not the one rank 0 sees (as on a machine without the shared disk)
         os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = os.environ["TANDEM_TEST_RANK1_CACHE"]
     env = init_distributed(600)
-    backend = build_backend(settings, env)
-    if job == "logits":
-        result = job_logits(backend, settings.model_name)
-    elif job.startswith("step"):
-        result = job_step(backend, int(job[4:] or 1))
-    elif job == "checkpoint":
-        result = job_checkpoint(backend, Path(out_path).with_suffix(".ckpt"))
-    elif job.startswith("bench"):
-        result = job_bench(backend, int(job[5:] or 5))
-    elif job == "export":
-        result = job_export(backend, settings.model_name)
-    elif job == "moe":
-        result = job_moe(backend, settings.model_name)
-    elif job == "lora":
-        result = job_lora(backend, settings.model_name, Path(out_path).with_suffix(".lora"))
-    elif job == "publish":
-        result = job_publish(backend, Path(out_path).with_suffix(".received"))
-    else:
-        raise SystemExit(f"unknown job {job}")
+    results = []
+    for one in raw if isinstance(raw, list) else [raw]:
+        settings = TrainerSettings.model_validate(one)
+        backend = build_backend(settings, env)
+        results.append(run_job(job, backend, settings, out_path))
+        backend.close()
     if env.rank == 0:
-        Path(out_path).write_text(json.dumps(result))
+        Path(out_path).write_text(json.dumps(results if isinstance(raw, list) else results[0]))
     structlog.get_logger().info("worker_done", rank=env.rank)
-    backend.close()
     close_distributed()
+
+
+def run_job(job: str, backend, settings: TrainerSettings, out_path: str) -> dict:
+    if job == "logits":
+        return job_logits(backend, settings.model_name)
+    if job.startswith("step"):
+        return job_step(backend, int(job[4:] or 1))
+    if job == "checkpoint":
+        return job_checkpoint(backend, Path(out_path).with_suffix(".ckpt"))
+    if job.startswith("bench"):
+        return job_bench(backend, int(job[5:] or 5))
+    if job == "export":
+        return job_export(backend, settings.model_name)
+    if job == "moe":
+        return job_moe(backend, settings.model_name)
+    if job == "lora":
+        return job_lora(backend, settings.model_name, Path(out_path).with_suffix(".lora"))
+    if job == "publish":
+        return job_publish(backend, Path(out_path).with_suffix(".received"))
+    raise SystemExit(f"unknown job {job}")
 
 
 if __name__ == "__main__":
