@@ -62,6 +62,8 @@ class Run(RunBase):
         loaded: dict = {}
 
         def read_data() -> None:  # while the services boot: the tokenizer, the prompts rendered and tokenized
+            import coordinator.algorithms.grpo  # noqa: F401  (and torch, ~1.3 CPU-s, off the first step's path)
+
             tokens = Tokens.of_run(cfg.policy.model_name, model_dir)
             loaded.update(tokens=tokens, train=read_examples(train_path, cfg.data, tokens),
                           val=read_examples(val_path, cfg.data, tokens, split=cfg.data.val_split) if val_path else [])
@@ -112,7 +114,7 @@ class Run(RunBase):
         trainer that dies is relaunched and the loop resumes from the last checkpoint (at most
         cluster.max_trainer_restarts times)."""
         # Imported here: the algorithms import torch (~1 s), which the services' launch need not
-        # wait for (tests/unit/coordinator/test_launch_imports.py); the tokenizer has imported it by now.
+        # wait for (tests/unit/coordinator/test_launch_imports.py); read_data imported them meanwhile.
         from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
 
         cfg, rollouts = self.cfg, grpo_pipeline(ctx)
