@@ -84,11 +84,18 @@ PUBLISH_LAYOUTS = {"megatron-tp2": ({"tensor_model_parallel_size": 2}, 5),
                    "dtensor-tp2": (None, 1)}
 
 
+@pytest.fixture(scope="module")
+def published(model_dir, tmp_path_factory) -> dict[str, dict]:
+    """Each layout's publishes, the layouts one after another in one 2-rank launch."""
+    tmp, layouts = tmp_path_factory.mktemp("publish"), sorted(PUBLISH_LAYOUTS)
+    dtensor_tp2 = {"model_name": model_dir, "dtensor_cfg": {"tensor_parallel_size": 2}}
+    settings = [megatron(model_dir, **cfg) if cfg else dtensor_tp2 for cfg, _ in map(PUBLISH_LAYOUTS.get, layouts)]
+    return dict(zip(layouts, run_worker(tmp, settings, "publish", 2, tmp / "cache")[0]))
+
+
 @pytest.mark.parametrize("layout", sorted(PUBLISH_LAYOUTS))
-def test_streamed_publish_equals_the_export_and_holds_one_tensor_at_a_time(model_dir, tmp_path, layout):
-    cfg, tensors_held = PUBLISH_LAYOUTS[layout]
-    settings = megatron(model_dir, **cfg) if cfg else {"model_name": model_dir, "dtensor_cfg": {"tensor_parallel_size": 2}}
-    out, _ = run_worker(tmp_path, settings, "publish", 2, tmp_path / "cache")
+def test_streamed_publish_equals_the_export_and_holds_one_tensor_at_a_time(published, layout):
+    out, tensors_held = published[layout], PUBLISH_LAYOUTS[layout][1]
     assert out["sent"] == out["total_bytes"] and out["num_buckets"] > 10
     assert out["outcomes"]["1"] == out["outcomes"]["3"] == "received"
     assert out["max_abs_diff"] == {"1": 0.0, "3": 0.0}  # what arrived is the HF export, bit for bit

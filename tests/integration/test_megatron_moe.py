@@ -58,13 +58,23 @@ def _check_common(out: dict) -> None:
     assert out["export"]["max_abs_diff"] == 0.0  # every expert gathered to rank 0 bit for bit
 
 
-def test_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path):
-    # with bias_activation_fusion (Megatron's jit-scripted SwiGLU, which runs on CPU) against ep1's plain SwiGLU
-    ep2, log = run_worker(tmp_path, moe(models["qwen2_moe"], expert_model_parallel_size=2, bias_activation_fusion=True,
-                                        **AUX), "moe", 2, tmp_path / "c")
+@pytest.fixture(scope="module")
+def ep2(models, tmp_path_factory) -> dict[str, dict]:
+    """The two EP=2 layouts, one after another in one 2-rank launch: the Qwen2-MoE with
+    bias_activation_fusion (Megatron's jit-scripted SwiGLU, which runs on CPU, against ep1's plain
+    SwiGLU), and the Mixtral with frozen routers and the all-to-all token dispatcher."""
+    tmp = tmp_path_factory.mktemp("moe-ep2")
+    layouts = {"qwen2_moe": moe(models["qwen2_moe"], expert_model_parallel_size=2, bias_activation_fusion=True, **AUX),
+               "mixtral": moe(models["mixtral"], expert_model_parallel_size=2, freeze_moe_router=True,
+                              moe_token_dispatcher_type="alltoall")}
+    return dict(zip(layouts, run_worker(tmp, list(layouts.values()), "moe", 2, tmp / "c")[0]))
+
+
+def test_ep2_equals_hf_and_trains_like_ep1(ep1, ep2):
+    ep2 = ep2["qwen2_moe"]
     _check_common(ep1)
     _check_common(ep2)  # measured: 5.6e-6 (logits up to 6.5)
-    assert "megatron_checkpoint_converted" in log
+    assert ep2["logits"]["conversion"] == "converted"  # its own cache: converted at EP=2
     for mine, ref in zip(ep2["steps"], ep1["steps"]):
         for key in STEP_KEYS:
             assert abs(mine[key] - ref[key]) < 1e-4, (key, mine, ref)
@@ -89,10 +99,8 @@ def test_tp2_x_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path, shared_c
         assert abs(mine["grad_norm"] - ref["grad_norm"]) < 5e-3 * ref["grad_norm"]
 
 
-def test_mixtral_with_frozen_routers_no_balancing_loss_and_alltoall(models, tmp_path):
-    cfg = moe(models["mixtral"], expert_model_parallel_size=2, freeze_moe_router=True,
-              moe_token_dispatcher_type="alltoall")
-    out, _ = run_worker(tmp_path, cfg, "moe", 2, tmp_path / "c")
+def test_mixtral_with_frozen_routers_no_balancing_loss_and_alltoall(ep2):
+    out = ep2["mixtral"]
     _check_common(out)
     assert out["auxgrad"]["grad_norm"] == 0.0 and "moe_load_balancing_loss" not in out["auxgrad"]
     routers = [n for n in out["names"] if n.endswith("block_sparse_moe.gate.weight")]

@@ -275,10 +275,13 @@ def main() -> None:
         os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = os.environ["TANDEM_TEST_RANK1_CACHE"]
     env = init_distributed(600)
     results = []
-    for one in raw if isinstance(raw, list) else [raw]:
+    for index, one in enumerate(raw if isinstance(raw, list) else [raw]):
         settings = TrainerSettings.model_validate(one)
         backend = build_backend(settings, env)
-        results.append(run_job(job, backend, settings, out_path))
+        # each layout's own files beside OUT_JSON (a publish's received versions, a checkpoint)
+        out = Path(out_path)
+        own = out_path if not isinstance(raw, list) else str(out.with_name(f"{out.stem}-{index}.json"))
+        results.append(run_job(job, backend, settings, own))
         backend.close()
     if env.rank == 0:
         Path(out_path).write_text(json.dumps(results if isinstance(raw, list) else results[0]))
