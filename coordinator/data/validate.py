@@ -35,10 +35,11 @@ def load_pairs(path: Path, cfg: DataConfig, key: str) -> list[PreferencePair]:
         raise ConfigError(f"{key}: {exc}") from None
 
 
-def load_tokens(model_dir: str, key: str = "policy.model_name") -> Tokens:
-    """The model's tokenizer, or ConfigError saying why it does not load."""
+def load_tokens(model_name: str | None, model_dir: str, key: str = "policy.model_name") -> Tokens:
+    """A run's tokenizer (`Tokens.of_run`: model_name None is the embedded model), or ConfigError
+    saying why it does not load."""
     try:
-        return Tokens(model_dir)
+        return Tokens.of_run(model_name, model_dir)
     except Exception as exc:  # transformers raises many kinds (OSError, ValueError, KeyError, ...)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{key}: the tokenizer in {model_dir} does not load ({type(exc).__name__}: "

@@ -19,7 +19,6 @@ from coordinator.config import ConfigError, ExperimentConfig
 from coordinator.config.checks import check_machine
 from coordinator.data.model_checks import longest_prompt
 from coordinator.data.model_files import check_model_dir
-from coordinator.data.tokens import Tokens
 from coordinator.data.validate import (
     LengthReport,
     check_lengths,
@@ -58,7 +57,7 @@ def _check(cfg: ExperimentConfig, console: Console | None) -> tuple[str, Path, P
         overflowing = int(longest + cfg.policy.generation.max_new_tokens > cfg.policy.max_total_sequence_length)
         _warn(console, check_lengths(cfg, LengthReport(source, 1, [], overflowing, longest)))
         return model_dir, train_path, val_path
-    tokens = load_tokens(model_dir) if cfg.policy.model_name else Tokens.of_run(None, model_dir)
+    tokens = load_tokens(cfg.policy.model_name, model_dir)
     data = {f"{key} ({path})": load_examples(path, cfg.data, tokens, key, split)
             for key, (path, split) in sources.items() if path is not None}
     check_tasks_configured({source: {e.task for e in rows} for source, rows in data.items()}, set(cfg.env))
