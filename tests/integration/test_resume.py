@@ -87,8 +87,14 @@ def test_steps_after_a_resume_equal_an_uninterrupted_run(tmp_path, monkeypatch):
 
 
 def _as_if_it_crashed_after_step_2(run_dir, copy) -> None:
+    """The rows logged after the checkpoint stay, poisoned (NaN): equal rows after the resume can
+    only come from steps it trained again, not from the copy."""
     shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("summary.json", "hf", "step_000004"))
-    assert [json.loads(line)["step"] for line in (copy / "metrics.jsonl").read_text().splitlines()][-1] == 4
+    rows = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 4
+    nan = dict.fromkeys(COMPARED, float("nan"))
+    poisoned = [{**r, **nan} if r["phase"] == "grpo" and r["step"] > 2 else r for r in rows]
+    (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in poisoned))
     (copy / "checkpoints" / "latest").write_text("step_000002")
 
 
