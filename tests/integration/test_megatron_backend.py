@@ -46,25 +46,37 @@ def megatron(model_dir: str, **cfg) -> dict:
     return {"model_name": model_dir, "megatron_cfg": {"enabled": True, **cfg}}
 
 
-def test_megatron_equals_dtensor_and_layouts_equal_tp1(model_dir, tmp_path):
-    cache = tmp_path / "cache"
-    # one launch per world size, its layouts one after another (tests/megatron/worker.py)
-    dtensor, tp1 = run_worker(tmp_path, [{"model_name": model_dir}, megatron(model_dir)], "step2", 1, cache)[0]
-    tp2, pp2, dp2, sp = run_worker(tmp_path, [
-        megatron(model_dir, tensor_model_parallel_size=2), megatron(model_dir, pipeline_model_parallel_size=2),
-        megatron(model_dir, optimizer={"use_distributed_optimizer": True}),
-        megatron(model_dir, tensor_model_parallel_size=2, sequence_parallel=True, activation_checkpointing=True)],
-        "step2", 2, cache)[0]
+TWO_RANK_LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2}, "pp2": {"pipeline_model_parallel_size": 2},
+                    "dp2": {"optimizer": {"use_distributed_optimizer": True}},
+                    "tp2-sp-recompute": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                                         "activation_checkpointing": True}}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(model_dir, tmp_path_factory) -> dict[str, dict]:
+    """The 2-rank jobs one after another in one launch (tests/megatron/worker.py): gloo's scatter,
+    two steps of each layout, and the checkpoint round trip with the distributed optimizer."""
+    tmp = tmp_path_factory.mktemp("two-ranks")
+    names = ["scatter", *TWO_RANK_LAYOUTS, "checkpoint-distopt"]
+    settings = [{"job": "scatter"}, *(megatron(model_dir, **cfg) for cfg in TWO_RANK_LAYOUTS.values()),
+                {"job": "checkpoint", **megatron(model_dir, optimizer={"use_distributed_optimizer": True})}]
+    return dict(zip(names, run_worker(tmp, settings, "step2", 2, tmp / "cache")[0]))
+
+
+def test_megatron_equals_dtensor_and_layouts_equal_tp1(model_dir, two_ranks, tmp_path):
+    dtensor, tp1 = run_worker(tmp_path, [{"model_name": model_dir}, megatron(model_dir)], "step2", 1,
+                              tmp_path / "cache")[0]
     first = dtensor["steps"][0]
     assert abs(tp1["steps"][0]["loss"] - first["loss"]) < 1e-4
     assert abs(tp1["steps"][0]["grad_norm"] - first["grad_norm"]) < 1e-4
-    for other in (tp2, pp2, dp2, sp):
+    for name in TWO_RANK_LAYOUTS:
+        other = two_ranks[name]
         for mine, ref in zip(other["steps"], tp1["steps"]):
             for key in ("loss", "grad_norm", "kl", "entropy", "num_tokens"):
-                assert abs(mine[key] - ref[key]) < 1e-4, (key, mine, ref)
+                assert abs(mine[key] - ref[key]) < 1e-4, (name, key, mine, ref)
         for row, ref_row in zip(other["logprobs"], dtensor["logprobs"]):
-            assert max(abs(a - b) for a, b in zip(row, ref_row)) < 1e-4
-    assert first["grad_norm"] > 0 and tp2["steps"][0]["grad_norm"] > 0
+            assert max(abs(a - b) for a, b in zip(row, ref_row)) < 1e-4, name
+    assert first["grad_norm"] > 0 and two_ranks["tp2"]["steps"][0]["grad_norm"] > 0
 
 
 def test_export_returns_the_checkpoint_exactly_at_tp2_pp2(model_dir, tmp_path):
@@ -135,15 +147,14 @@ def test_cache_unreachable_from_a_rank_is_an_error(model_dir, tmp_path):
     assert "rank 1 does not see rank 0's files" in log
 
 
-def test_checkpoint_round_trip_with_the_distributed_optimizer(model_dir, tmp_path):
-    out, _ = run_worker(tmp_path, megatron(model_dir, optimizer={"use_distributed_optimizer": True}),
-                        "checkpoint", 2, tmp_path / "cache")
+def test_checkpoint_round_trip_with_the_distributed_optimizer(two_ranks):
+    out = two_ranks["checkpoint-distopt"]
     assert out["restored_step"] == 1
     for saved, loaded in zip(out["after_save"], out["after_load"]):
         assert abs(saved["loss"] - loaded["loss"]) < 1e-7 and abs(saved["grad_norm"] - loaded["grad_norm"]) < 1e-7
     assert out["after_save"][0]["loss"] != out["after_save"][1]["loss"]  # the steps did change the weights
 
 
-def test_gloo_scatter_of_non_contiguous_chunks_is_fixed(tmp_path):
-    out, _ = run_worker(tmp_path, {"model_name": "unused"}, "scatter", 2, tmp_path / "cache")
+def test_gloo_scatter_of_non_contiguous_chunks_is_fixed(two_ranks):
+    out = two_ranks["scatter"]
     assert out["received"] == out["expected"]

@@ -4,13 +4,15 @@ every rank, runs one job and writes rank 0's results as JSON.
     torchrun --nproc-per-node N -m tests.megatron.worker SETTINGS_JSON JOB OUT_JSON
 SETTINGS_JSON holds one TrainerSettings, or a list of them: then each builds its backend in
 turn in the one launch (closed before the next: Megatron's model-parallel state is destroyed
-and made again), and OUT_JSON holds the list of their results. One launch of several layouts
-saves each further one the ranks' start (importing torch and Megatron: ~8 s a rank here).
+and made again), and OUT_JSON holds the list of their results. A list entry may name a job of
+its own (`"job": "checkpoint"`, else JOB's). One launch of several layouts or jobs saves each
+further one the ranks' start (importing torch and Megatron: ~8 s a rank here).
 Jobs: logits (Megatron logits vs the HF model's on a fixed batch), step (GRPO train steps on
 a fixed batch: logprobs, loss, grad norm per step), export (HF tensors vs the checkpoint's),
 publish (streamed weight sync to a receiver process vs the HF export, peak bytes held),
 moe (logits, export, steps, a load-balancing-only step and the moved tensors in one launch),
-lora (DTensor + LoRA: what trains, merged export vs PEFT's own merge, checkpoint contents).
+lora (DTensor + LoRA: what trains, merged export vs PEFT's own merge, checkpoint contents),
+checkpoint (a save/load round trip), scatter (gloo's scatter of non-contiguous chunks; no backend).
 """
 
 from __future__ import annotations
@@ -262,13 +264,6 @@ def job_scatter(env) -> dict:
 
 def main() -> None:
     settings_path, job, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
-    if job == "scatter":
-        env = init_distributed(600)
-        result = job_scatter(env)
-        if env.rank == 0:
-            Path(out_path).write_text(json.dumps(result))
-        close_distributed()
-        return
     raw = json.loads(Path(settings_path).read_text())
     if os.environ.get("RANK") == "1" and os.environ.get("TANDEM_TEST_RANK1_CACHE"):
         # a rank whose cache directory is not the one rank 0 sees (as on a machine without the shared disk)
@@ -276,12 +271,17 @@ def main() -> None:
     env = init_distributed(600)
     results = []
     for index, one in enumerate(raw if isinstance(raw, list) else [raw]):
+        one = dict(one)
+        own_job = one.pop("job", job)
+        if own_job == "scatter":  # no backend
+            results.append(job_scatter(env))
+            continue
         settings = TrainerSettings.model_validate(one)
         backend = build_backend(settings, env)
         # each layout's own files beside OUT_JSON (a publish's received versions, a checkpoint)
         out = Path(out_path)
         own = out_path if not isinstance(raw, list) else str(out.with_name(f"{out.stem}-{index}.json"))
-        results.append(run_job(job, backend, settings, own))
+        results.append(run_job(own_job, backend, settings, own))
         backend.close()
     if env.rank == 0:
         Path(out_path).write_text(json.dumps(results if isinstance(raw, list) else results[0]))
