@@ -1,10 +1,14 @@
 """GRPO through the real services with the Megatron backend: a torchrun trainer at TP=2,
 PP=2 and TP=2 x PP=2 (4 ranks, distributed optimizer), a vLLM generator and a reward
 service, started by the same code as `tandem run`. The coordinator does not know which
-backend runs; the weights the generator receives are exported from Megatron's shards."""
+backend runs; the weights the generator receives are exported from Megatron's shards.
 
+Layouts of one world size share a cluster: the next one relaunches only the trainer with its
+settings (LocalCluster.restart_trainer, as a relaunch after a crash does) and publishes its
+weights to the same generator as the next version."""
+
+import json
 import math
-import os
 
 import pytest
 import structlog
@@ -12,6 +16,7 @@ import structlog
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
+from coordinator.cluster.specs import trainer_settings
 from coordinator.config import load_config
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
@@ -25,46 +30,91 @@ from trainer_svc.types import Sample
 pytestmark = pytest.mark.integration
 
 LAYOUTS = {
-    "tp2": (2, ["policy.megatron_cfg.tensor_model_parallel_size=2"]),
     "pp2": (2, ["policy.megatron_cfg.pipeline_model_parallel_size=2"]),
+    "tp2": (2, ["policy.megatron_cfg.tensor_model_parallel_size=2"]),
     "tp2xpp2-distopt": (4, ["policy.megatron_cfg.tensor_model_parallel_size=2",
                             "policy.megatron_cfg.pipeline_model_parallel_size=2",
                             "policy.megatron_cfg.optimizer.use_distributed_optimizer=true"]),
 }
 
+EXPECTED = {"pp2": {"tp": 1, "pp": 2, "distopt": False}, "tp2": {"tp": 2, "pp": 1, "distopt": False},
+            "tp2xpp2-distopt": {"tp": 2, "pp": 2, "distopt": True}}
 
-@pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def loop(request, tmp_path_factory):
-    ranks, layout = LAYOUTS[request.param]
-    root = tmp_path_factory.mktemp(f"megatron-{request.param}")
-    saved = os.environ.get("TANDEM_MEGATRON_CHECKPOINT_DIR")
-    os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = str(root / "megatron-cache")
-    cfg = load_config(overrides=[
-        "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false", *layout,
-        f"cluster.trainer_ranks={ranks}", "cluster.num_generators=1", f"logger.log_dir={root}",
-        "logger.tensorboard_enabled=false", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
-        "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8"])
-    model_dir = str(ensure_tiny_model(root / "cache"))
-    train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
-    run_dir = root / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    log = structlog.get_logger()
-    try:
-        with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-            tokens = Tokens(model_dir)
-            ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
-            yield request.param, ctx
-    finally:
-        if saved is None:
-            os.environ.pop("TANDEM_MEGATRON_CHECKPOINT_DIR", None)
-        else:
-            os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = saved
+
+class Clusters:
+    """One live cluster at a time, kept for the next layout of the same world size."""
+
+    def __init__(self, root):
+        self.root, self.log = root, structlog.get_logger()
+        self.model_dir = str(ensure_tiny_model(root / "cache"))
+        self.train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
+        self.ranks, self.cluster, self.services, self.ctx = 0, None, None, None
+
+    def loop(self, name: str) -> LoopContext:
+        ranks, layout = LAYOUTS[name]
+        cfg = load_config(overrides=[
+            "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false", *layout,
+            f"cluster.trainer_ranks={ranks}", "cluster.num_generators=1", f"logger.log_dir={self.root}",
+            "logger.tensorboard_enabled=false", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
+            "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8"])
+        tokens = Tokens(self.model_dir)
+        examples = read_examples(self.train_path, cfg.data, tokens)
+        if ranks == self.ranks:
+            run_dir = self.cluster.run_dir
+            (run_dir / "services" / "trainer.json").write_text(
+                trainer_settings(cfg, self.model_dir).model_dump_json(indent=1))
+            self.cluster.restart_trainer()
+            version = self.ctx.publisher.version
+            self.ctx = LoopContext.connect(cfg, self.services, tokens, examples, 0, self.log)
+            self.ctx.publish(version=version + 1)  # the generator serves `version` already
+            return self.ctx
+        self.close()
+        run_dir = self.root / f"run-{name}"
+        (run_dir / "logs").mkdir(parents=True)
+        self.cluster = LocalCluster(cfg, self.model_dir, run_dir, procs.TOKEN, self.log)
+        self.services = self.cluster.__enter__()
+        self.ranks = ranks
+        self.ctx = LoopContext.connect(cfg, self.services, tokens, examples, 0, self.log)
+        return self.ctx
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster, self.ranks = None, 0
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("megatron-grpo")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TANDEM_MEGATRON_CHECKPOINT_DIR", str(root / "megatron-cache"))
+        made = Clusters(root)
+        try:
+            yield made
+        finally:
+            made.close()
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))  # in this order: the 2-rank layouts one after the other
+def loop(request, clusters):
+    ctx = clusters.loop(request.param)
+    return request.param, ctx, clusters.cluster.run_dir
+
+
+def _trainer_layout(run_dir) -> dict:
+    """The Megatron settings the live trainer started with (its last `settings` line)."""
+    lines = [json.loads(line) for line in (run_dir / "logs" / "trainer.log").read_text().splitlines()
+             if line.startswith("{") and '"event": "settings"' in line]
+    cfg = lines[-1]["megatron_cfg"]
+    return {"tp": cfg["tensor_model_parallel_size"], "pp": cfg["pipeline_model_parallel_size"],
+            "distopt": cfg["optimizer"]["use_distributed_optimizer"]}
 
 
 def test_grpo_steps_run_on_policy_through_the_services(loop):
-    name, ctx = loop
+    name, ctx, run_dir = loop
     info = ctx.services.trainer.info()
     assert info.backend == "megatron" and info.world_size == LAYOUTS[name][0]
+    assert _trainer_layout(run_dir) == EXPECTED[name]  # a relaunched trainer runs the new layout
     sft = [sft_steps(ctx, 2)["loss"] for _ in range(2)]
     assert sft[-1] < sft[0]
     ctx.publish()
@@ -78,7 +128,7 @@ def test_grpo_steps_run_on_policy_through_the_services(loop):
 
 
 def test_published_weights_score_like_the_trainer(loop):
-    _, ctx = loop
+    _, ctx, _ = loop
     ctx.publish()
     prompt = ctx.tokens.prompt("37+45=")
     greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=4, seed=0)
