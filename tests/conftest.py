@@ -40,9 +40,11 @@ LONGEST_FIRST = (
 )
 """Test files that take a worker longest (35 s to a few minutes each), in that order, as
 `pytest --durations=0` measured them (the sum of each file's setup, call and teardown times):
-pytest-xdist hands whole files to workers in collection order (--dist loadfile), so these start
-first and the many short ones fill the gaps at the end, instead of one of them running alone at
-the end. Re-measure when a file's time changes much."""
+pytest-xdist hands whole files to workers in collection order (--dist loadfile with
+--no-loadscope-reorder, in pyproject.toml: by default xdist reorders the files by their number
+of tests, most first, which put 1-test files like the fault and Slurm runs anywhere, often last),
+so these start first and the many short ones fill the gaps at the end, instead of one of them
+running alone at the end. Re-measure when a file's time changes much."""
 
 
 def pytest_collection_modifyitems(config, items) -> None:
