@@ -91,6 +91,13 @@ class TrainerClient:
         return PublishResult(reply.bytes_sent, reply.duration_ms)
 
     @rpc_failures
+    def hold_weights(self, version: int) -> PublishResult:
+        """Async GRPO: the trainer copies its weights as `version` and may train on; a later
+        publish_weights of that version broadcasts the copy (its bytes_sent: what that will send)."""
+        reply = self._stub.HoldWeights(pb.HoldWeightsRequest(version=version), timeout=self._long)
+        return PublishResult(reply.num_bytes, reply.duration_ms)
+
+    @rpc_failures
     def export_cuda_ipc(self, version: int) -> CudaIpcExport:
         """Colocated on GPUs: CUDA IPC handles of the current weights' buckets, held by the
         trainer until `release_cuda_ipc(version)`."""

@@ -75,6 +75,11 @@ class _PublishWeights:
 
 
 @dataclass(frozen=True)
+class _HoldWeights:
+    version: int
+
+
+@dataclass(frozen=True)
 class _ExportCudaIpc:
     version: int
 
@@ -182,6 +187,40 @@ class TrainerEngine:
                        duration_ms=result.duration_ms)
         return result
 
+    def hold_weights(self, version: int) -> PublishResult:
+        """Async GRPO: copy the weights as `version` (every rank gathers, rank 0 keeps the copy)
+        and return; `publish_held` then sends the copy while the trainer trains on. The result's
+        bytes are what that broadcast will send."""
+        if self._decoder is not None:
+            raise FailedPrecondition("a trainer that generates itself takes no detached publish (async GRPO needs "
+                                     "generator services)")
+        start = time.perf_counter()
+        self._run(_HoldWeights(version))
+        self.weight_version = version
+        self._weights_moved = False
+        result = PublishResult(self._plan.total_bytes, int((time.perf_counter() - start) * 1000))
+        self._log.info("weights_held", version=version, duration_ms=result.duration_ms)
+        return result
+
+    def holds(self, version: int) -> bool:
+        """Whether rank 0 holds a copy of `version` (hold_weights, or a detached publish)."""
+        return self._detached.holds(version)
+
+    def publish_held(self, group: GroupSpec, version: int) -> PublishResult:
+        """Rank 0, on the caller's thread, beside the engine's commands: broadcast the held copy
+        of `version` to `group` in the background; returns once it has started."""
+        if not self.is_leader:
+            raise FailedPrecondition("only trainer rank 0 takes calls")
+        start = time.perf_counter()
+        try:
+            num_bytes = self._detached.send_held(self._sender, group, version, self._plan) if group.world_size > 1 else 0
+        except LookupError as exc:
+            raise FailedPrecondition(f"{exc}: hold it (HoldWeights) before publishing it") from exc
+        result = PublishResult(num_bytes, int((time.perf_counter() - start) * 1000))
+        self._log.info("weights_published", version=version, epoch=group.epoch, bytes=num_bytes, held=True,
+                       duration_ms=result.duration_ms)
+        return result
+
     def export_cuda_ipc(self, version: int) -> CudaIpcExport:
         """Colocated on GPUs: the current weights as CUDA IPC handles of the plan's buckets on
         rank 0's device, held until `release_cuda_ipc(version)`."""
@@ -279,6 +318,8 @@ class TrainerEngine:
                                                 else iter(()), self._sender, group, version, self._plan)
                 self._detached.forget()
                 return publish_weights(backend.iter_hf_tensors(), self._sender, group, version, self._plan)
+            case _HoldWeights(version):
+                return self._detached.hold(backend.iter_hf_tensors(), version)
             case _ExportCudaIpc(version):
                 return self._ipc.export(version, self._plan, backend.iter_hf_tensors(), leader=self.is_leader)
             case _ReleaseCudaIpc(version):

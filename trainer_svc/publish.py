@@ -11,11 +11,12 @@ other ranks finish the command as usual. The receivers are never left with a com
 transfer: the sender closes the group under them (see `tandem.weight_sync.iter_buckets`).
 
 Detached publishes (async GRPO, `DetachedPublishes`): every rank runs the export's gathers while
-rank 0 keeps a copy of the version, the command returns, and rank 0 broadcasts the copy from a
-thread of its own while the trainer takes further commands (the next train step). The copy is
-kept until a newer version is published, so a retry of the same version resends it: the weights
-the generators get are the ones the version names, not those the trainer has moved on to. Rank 0
-holds one copy of the model in memory meanwhile.
+rank 0 keeps a copy of the version (`hold`, a lockstep command: HoldWeights), the command
+returns, and rank 0 broadcasts the copy from a thread of its own (`send_held`, on a PublishWeights
+of that version; no lockstep, so it starts while the trainer runs its next train step). The copy
+is kept until a newer version is held or published, so a retry of the same version resends it:
+the weights the generators get are the ones the version names, not those the trainer has moved
+on to. Rank 0 holds one copy of the model in memory meanwhile.
 """
 
 from __future__ import annotations
@@ -71,31 +72,48 @@ class _Held:
 
 
 class DetachedPublishes:
-    """One detached broadcast at a time on rank 0; the last version's copy held for resends."""
+    """One detached broadcast at a time on rank 0; the last version's copy held for resends.
+    `hold` runs on the trainer's engine thread, `send_held` on a call's own thread."""
 
     def __init__(self, log):
         self._log = log
         self._held: _Held | None = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # around _held and _thread
 
     def holds(self, version: int) -> bool:
-        return self._held is not None and self._held.version == version
+        held = self._held
+        return held is not None and held.version == version
+
+    def hold(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Collective (every rank): copy `version` (rank 0 keeps it; the gathers run everywhere),
+        after the broadcast in flight, if any, has finished."""
+        self.wait()
+        held = _Held(version, [(name, tensor.detach().clone()) for name, tensor in tensors])
+        with self._lock:
+            self._held = held
+
+    def send_held(self, sender: WeightSender, group: GroupSpec, version: int, plan: BucketPlan) -> int:
+        """Rank 0: broadcast the held copy of `version` from a thread (after the one in flight);
+        returns the bytes it will send. LookupError when that version is not held."""
+        self.wait()
+        with self._lock:
+            held = self._held
+            if held is None or held.version != version:
+                raise LookupError(f"weight version {version} is not held (held: "
+                                  f"{None if held is None else held.version})")
+            self._thread = threading.Thread(target=self._send, args=(held, sender, group, plan), daemon=True,
+                                            name=f"publish-v{version}")
+            self._thread.start()
+        return plan.total_bytes
 
     def start(self, tensors: Iterable[tuple[str, torch.Tensor]], sender: WeightSender | None, group: GroupSpec,
               version: int, plan: BucketPlan) -> int:
-        """Collective (every rank): copy `version` (rank 0 keeps it; the gathers run everywhere) unless
-        it is held already, then broadcast the copy in the background from rank 0. Returns the
-        bytes it will send (0 on other ranks)."""
-        self.wait()
+        """Collective (every rank): `hold` unless the version is held already, then `send_held`
+        from rank 0. Returns the bytes it will send (0 on other ranks)."""
         if not self.holds(version):
-            self._held = _Held(version, [(name, tensor.detach().clone()) for name, tensor in tensors])
-        if sender is None:
-            return 0
-        held = self._held
-        self._thread = threading.Thread(target=self._send, args=(held, sender, group, plan), daemon=True,
-                                        name=f"publish-v{version}")
-        self._thread.start()
-        return plan.total_bytes
+            self.hold(tensors, version)
+        return 0 if sender is None else self.send_held(sender, group, version, plan)
 
     def _send(self, held: _Held, sender: WeightSender, group: GroupSpec, plan: BucketPlan) -> None:
         started = time.perf_counter()
@@ -109,11 +127,15 @@ class DetachedPublishes:
 
     def wait(self) -> None:
         """Let the broadcast in flight (if any) finish; a command that touches the group waits for it."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            with self._lock:
+                if self._thread is thread:
+                    self._thread = None
 
     def forget(self) -> None:
         """A non-detached publish moved the generators past the held copy: drop it."""
         self.wait()
-        self._held = None
+        with self._lock:
+            self._held = None

@@ -80,9 +80,16 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         return pb.TrainStepResponse(metrics=result.metrics, global_step=result.global_step)
 
     async def PublishWeights(self, request, context):
-        result = await self._call(self._engine.publish_weights, group_from_pb(request.group), request.version,
-                                  request.detach)
+        group = group_from_pb(request.group)
+        if self._engine.holds(request.version):  # a held copy is sent beside the engine's work (a train step)
+            result = await asyncio.to_thread(self._engine.publish_held, group, request.version)
+        else:
+            result = await self._call(self._engine.publish_weights, group, request.version, request.detach)
         return pb.PublishWeightsResponse(bytes_sent=result.bytes_sent, duration_ms=result.duration_ms)
+
+    async def HoldWeights(self, request, context):
+        result = await self._call(self._engine.hold_weights, request.version)
+        return pb.HoldWeightsResponse(num_bytes=result.bytes_sent, duration_ms=result.duration_ms)
 
     async def SaveCheckpoint(self, request, context):
         return pb.SaveCheckpointResponse(duration_ms=await self._call(self._engine.save_checkpoint, request.path))

@@ -111,20 +111,21 @@ class LoopContext:
 
     def publish_detached(self, on_published: Callable[[], None]) -> int:
         """Async GRPO: publish the next version with the trainer's part detached. Returns (the
-        version) once the trainer holds its copy and may train on; the generators get it in the
-        background, then `on_published()` runs. Publishes run one at a time, in order; an error
-        is raised by the next publish or wait_published()."""
-        self._raise_failed_publish()
+        version) once the trainer holds its copy (HoldWeights) and may train on; the generators
+        get it in the background (health checks, the broadcast of that copy, retries), then
+        `on_published()` runs. The version before must have reached the generators first (the
+        trainer holds one copy: a retry of it must still find it); it normally has, while this
+        step trained. An error of a publish is raised by the next publish or wait_published()."""
+        self.wait_published()
         version = self.trainer_version + 1
+        self.services.trainer.hold_weights(version)
         self._last_detached = version
-        trainer_done = threading.Event()
 
         def publish() -> None:
-            self.publisher.publish(self.services.all_generators(), version=version, trainer_done=trainer_done)
+            self.publisher.publish(self.services.all_generators(), version=version)
             on_published()
 
         self._detached.append(self._publishing.submit(publish))
-        trainer_done.wait()
         return version
 
     @property

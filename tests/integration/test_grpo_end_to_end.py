@@ -17,6 +17,7 @@ from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.loop.context import LoopContext
+from coordinator.loop.drift_probe import probe_generators
 from generator_svc.client import GeneratorClient
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import RpcFailure, Status
@@ -105,6 +106,9 @@ def test_async_grpo_trains_off_policy_within_the_age_bound(loop, tmp_path):
         # the age is counted from the weights the step trains from, published or still in flight
         assert m["trajectory_age_max"] == start + step - 1 - m["generation_weight_version"]
     assert actx.publisher.version == start + 4  # every detached publish arrived
+    # the last version went out while nothing trained: what the generators serve is the trainer's
+    for r in probe_generators(actx.services, [ctx.tokens.prompt("12+34=")]):
+        assert r.weight_version == actx.publisher.version and r.max_abs_diff < 1e-4, r
     off_policy = [m for m in rows if m["trajectory_age_max"] == 1]
     assert off_policy, "the producer never ran ahead"
     assert all(abs(m["importance_weight_mean"] - 1.0) > 1e-4 and m["token_mult_prob_error"] > 1.0 + 1e-4

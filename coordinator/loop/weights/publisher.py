@@ -62,21 +62,16 @@ class WeightPublisher:
         """The epoch of the last weight-sync group formed (-1: none, or a transport without groups)."""
         return self.transport.epoch
 
-    def publish(self, generators: Sequence[GeneratorHandle], *, version: int | None = None,
-                trainer_done: threading.Event | None = None) -> PublishReport:
+    def publish(self, generators: Sequence[GeneratorHandle], *, version: int | None = None) -> PublishReport:
         """Send the trainer's weights to `generators` as `version` (default: version+1). An
         explicit version re-labels nothing new: resume uses it to send the restored weights
-        under the version the checkpoint holds. `trainer_done` (async GRPO): detach the trainer's
-        part and set the event once it may train on (retries resend the trainer's held copy)."""
+        under the version the checkpoint holds, and async GRPO the copy the trainer holds of it
+        (LoopContext.publish_detached; every retry resends that copy)."""
         with self._lock:
             target = self.version + 1 if version is None else version
             if target < self.version:
                 raise ValueError(f"version {target} is older than the published version {self.version}")
-            try:
-                report, acked = self._publish_with_retries(list(generators), target, trainer_done)
-            finally:
-                if trainer_done is not None:
-                    trainer_done.set()  # a publish that failed before reaching the trainer holds nobody up
+            report, acked = self._publish_with_retries(list(generators), target)
             self.versions.published(target, acked)
             self._trainer_step = self._trainer.info().global_step
             return report
@@ -103,8 +98,7 @@ class WeightPublisher:
         except PublishError as exc:
             self._log.warning("weights_catch_up_failed", error=str(exc))
 
-    def _publish_with_retries(self, generators: list[GeneratorHandle], version: int,
-                              trainer_done: threading.Event | None = None) -> tuple[PublishReport, set[str]]:
+    def _publish_with_retries(self, generators: list[GeneratorHandle], version: int) -> tuple[PublishReport, set[str]]:
         errors: list[str] = []
         live = self._healthy(generators)
         for attempt in range(1, self._max_attempts + 1):
@@ -113,7 +107,7 @@ class WeightPublisher:
                 return PublishReport(version, self.transport.epoch, 0, 0, 0.0, attempt), set()
             started = time.perf_counter()
             try:
-                report = self.transport.send(live, version, trainer_done)
+                report = self.transport.send(live, version)
             except RpcFailure as exc:
                 if exc.status.rejects_request:
                     raise

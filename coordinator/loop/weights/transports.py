@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,11 +49,10 @@ class PublishReport:
 
 
 class WeightTransport(Protocol):
-    def send(self, generators: Sequence[GeneratorHandle], version: int,
-             trainer_done: threading.Event | None = None) -> PublishReport:
-        """Make `generators` serve the trainer's current weights as `version`. With `trainer_done`
-        (async GRPO; the collective transport only) the trainer's part is detached: it holds a copy
-        and the event is set as soon as it may take further calls, while the bytes travel."""
+    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
+        """Make `generators` serve the trainer's weights as `version`: its current ones, or the
+        copy it holds of that version (async GRPO, the collective transport: the trainer sends it
+        beside its next train step)."""
 
     def reset(self) -> None:
         """Forget state a failed send may have spoiled (a group): the next send starts afresh."""
@@ -113,22 +111,13 @@ class CollectiveTransport:
             self._log.info("weight_sync_epoch", epoch=self._epoch, generators=list(member_ids))
         return GroupSpec(self._store_address, self._epoch, self._secret, 1 + len(member_ids), self._op_timeout_s)
 
-    def send(self, generators: Sequence[GeneratorHandle], version: int,
-             trainer_done: threading.Event | None = None) -> PublishReport:
+    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
         receivers = [g for g in generators if not g.shares_trainer_weights]
         group = self._group_for(tuple(g.member_id for g in receivers))
         timeout_s = self._op_timeout_s * (2 + len(self._plan.bucket_sizes_bytes))
         start = time.perf_counter()
-
-        def trainer_side():
-            try:
-                return self._trainer.publish_weights(group, version, detach=trainer_done is not None)
-            finally:
-                if trainer_done is not None:
-                    trainer_done.set()
-
         result = _load_all(receivers, lambda i: CollectiveSource(group, i + 1, self._plan), version, timeout_s,
-                           trainer_side=trainer_side)
+                           trainer_side=lambda: self._trainer.publish_weights(group, version))
         duration = time.perf_counter() - start
         self._log.info("weights_published", version=version, epoch=group.epoch, generators=len(generators),
                        bytes=result.bytes_sent, seconds=round(duration, 3))
@@ -144,10 +133,7 @@ class SharedMemoryTransport:
     def reset(self) -> None:
         pass  # every send writes a fresh directory
 
-    def send(self, generators: Sequence[GeneratorHandle], version: int,
-             trainer_done: threading.Event | None = None) -> PublishReport:
-        if trainer_done is not None:
-            raise ValueError("detached publishes need the weight-sync group (dedicated generators)")
+    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
         directory = self._directory / f"v{version}-{secrets.token_hex(4)}"
         start = time.perf_counter()
         try:
@@ -175,10 +161,7 @@ class CudaIpcTransport:
     def reset(self) -> None:
         pass  # every send exports afresh
 
-    def send(self, generators: Sequence[GeneratorHandle], version: int,
-             trainer_done: threading.Event | None = None) -> PublishReport:
-        if trainer_done is not None:
-            raise ValueError("detached publishes need the weight-sync group (dedicated generators)")
+    def send(self, generators: Sequence[GeneratorHandle], version: int) -> PublishReport:
         start = time.perf_counter()
         export = self._trainer.export_cuda_ipc(version)
         try:

@@ -1,10 +1,12 @@
 """Async GRPO's detached publish, against in-process fakes: the loop gets control back as soon as
-the trainer holds its copy, the generators get the version afterwards (then on_published runs),
-publishes keep their order and versions, and a failed one is raised by the next publish. The
-trainer's side keeps the version's copy, so a retry resends the published weights, not newer ones."""
+the trainer holds its copy (HoldWeights), the generators get the version afterwards (then
+on_published runs), the next handover waits until they have it, publishes keep their order and
+versions, and a failed one is raised by the next publish. The trainer's side keeps the version's
+copy, so a retry resends the held weights, not newer ones."""
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -30,8 +32,12 @@ class Trainer:
         return SimpleNamespace(weight_sync_store_address="127.0.0.1:1", bucket_plan=PLAN, device_type="cpu",
                                global_step=0)
 
+    def hold_weights(self, version):
+        self.calls.append(("hold", version))
+        return PublishResult(16, 1)
+
     def publish_weights(self, group, version, detach=False):
-        self.calls.append(("trainer", version, detach))
+        self.calls.append(("publish", version, detach))
         return PublishResult(16, 1)
 
 
@@ -62,11 +68,15 @@ def test_the_loop_trains_on_while_the_generators_receive():
     generator = Generator(release)
     ctx, trainer = _ctx(generator)
     assert ctx.publish_detached(lambda: published.append(1)) == 1  # returned before any generator has it
-    assert trainer.calls == [("trainer", 1, True)] and generator.versions == [] and published == []
-    assert ctx.publish_detached(lambda: published.append(2)) == 2  # queued behind the first, numbered in order
+    assert trainer.calls[0] == ("hold", 1) and generator.versions == [] and published == []
+    second = ThreadPoolExecutor(1).submit(ctx.publish_detached, lambda: published.append(2))
+    time.sleep(0.3)
+    assert not second.done() and ("hold", 2) not in trainer.calls  # version 1 is still on its way
     release.set()
+    assert second.result(timeout=5) == 2  # numbered in order
     ctx.wait_published()
     assert generator.versions == [1, 2] and published == [1, 2] and ctx.publisher.version == 2
+    assert trainer.calls == [("hold", 1), ("publish", 1, False), ("hold", 2), ("publish", 2, False)]
 
 
 def test_a_failed_detached_publish_is_raised_by_the_next_publish():
@@ -79,13 +89,15 @@ def test_a_failed_detached_publish_is_raised_by_the_next_publish():
         ctx.publish_detached(lambda: None)
 
 
-def test_the_trainer_keeps_the_version_it_detached_and_resends_that_copy():
+def test_the_trainer_keeps_the_version_it_holds_and_resends_that_copy():
     weights = torch.ones(4)
     held = DetachedPublishes(structlog.get_logger())
-    assert held.start(iter([("w", weights)]), None, None, 7, PLAN) == 0  # a rank without the sender: no thread
+    held.hold(iter([("w", weights)]), 7)
     weights.add_(1.0)  # the trainer trains on
     assert held.holds(7) and torch.equal(held._held.tensors[0][1], torch.ones(4))  # the copy is version 7's
-    held.start(iter(()), None, None, 7, PLAN)  # a resend: no new copy, the old one stays
+    assert held.start(iter([("w", weights)]), None, None, 7, PLAN) == 0  # a resend: no new copy, no thread here
     assert torch.equal(held._held.tensors[0][1], torch.ones(4))
+    with pytest.raises(LookupError, match="weight version 8 is not held"):
+        held.send_held(object(), None, 8, PLAN)
     held.forget()
     assert not held.holds(7)

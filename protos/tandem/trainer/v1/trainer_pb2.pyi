@@ -221,6 +221,20 @@ class PublishWeightsResponse(_message.Message):
     duration_ms: int
     def __init__(self, bytes_sent: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
 
+class HoldWeightsRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class HoldWeightsResponse(_message.Message):
+    __slots__ = ("num_bytes", "duration_ms")
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    num_bytes: int
+    duration_ms: int
+    def __init__(self, num_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("path",)
     PATH_FIELD_NUMBER: _ClassVar[int]

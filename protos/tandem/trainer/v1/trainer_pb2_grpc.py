@@ -56,6 +56,11 @@ class TrainerServiceStub:
                 request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.PublishWeightsRequest.SerializeToString,
                 response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.PublishWeightsResponse.FromString,
                 _registered_method=True)
+        self.HoldWeights = channel.unary_unary(
+                '/tandem.trainer.v1.TrainerService/HoldWeights',
+                request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.HoldWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.HoldWeightsResponse.FromString,
+                _registered_method=True)
         self.SaveCheckpoint = channel.unary_unary(
                 '/tandem.trainer.v1.TrainerService/SaveCheckpoint',
                 request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
@@ -111,6 +116,15 @@ class TrainerServiceServicer:
 
     def PublishWeights(self, request, context):
         """Broadcast the current weights to a weight-sync group as a new version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldWeights(self, request, context):
+        """Async GRPO: copy the current weights as a version (every rank gathers, rank 0 keeps the
+        copy) and return; a PublishWeights of that version then broadcasts the copy beside whatever
+        the trainer runs meanwhile (a train step), not after it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,6 +188,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.PublishWeights,
                     request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.PublishWeightsRequest.FromString,
                     response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.PublishWeightsResponse.SerializeToString,
+            ),
+            'HoldWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldWeights,
+                    request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.HoldWeightsRequest.FromString,
+                    response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.HoldWeightsResponse.SerializeToString,
             ),
             'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.SaveCheckpoint,
@@ -311,6 +330,33 @@ class TrainerService:
             '/tandem.trainer.v1.TrainerService/PublishWeights',
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.PublishWeightsRequest.SerializeToString,
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.PublishWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.trainer.v1.TrainerService/HoldWeights',
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.HoldWeightsRequest.SerializeToString,
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.HoldWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,
