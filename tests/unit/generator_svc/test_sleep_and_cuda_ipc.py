@@ -30,7 +30,7 @@ class FakeLlm:
 
     def __init__(self):
         self.calls = []
-        self.engine_core = self
+        self.engine_core = self.renderer = self
 
     async def sleep(self, level):
         self.calls.append(("sleep", level))
@@ -49,7 +49,10 @@ class FakeLlm:
     async def set_weight_version_async(self, version):
         self.calls.append(("version", version))
 
-    async def pause_generation(self, mode, clear_cache):
+    async def clear_mm_cache_async(self):
+        pass
+
+    async def pause_scheduler_async(self, mode, clear_cache):
         self.calls.append(("pause",))
 
     async def resume_generation(self):
