@@ -1,10 +1,11 @@
 """The Megatron backend on real torchrun ranks (gloo, CPU, fp32, the embedded tiny model):
 converted logits equal HF's, Megatron equals DTensor on the same batch, TP/PP/DP layouts
 (and TP with sequence parallelism and full recomputation) equal TP=1, grad norm included
-(megatron-core 0.16's perform_initialization bug would break it at TP=2), HF export is exact,
-weights published bucket by bucket arrive equal to the export while rank 0 holds one tensor,
+(megatron-core 0.16's perform_initialization bug would break it at TP=2), weights published bucket by bucket arrive equal to the export while rank 0 holds one tensor,
 checkpoints round-trip, and the conversion cache is made once, reused, never read half-made,
-and refused when a rank cannot reach it."""
+and refused when a rank cannot reach it. That the HF export is exact at TP=2 x PP=2 is checked
+through the trainer service (tests/integration/test_megatron_grpo.py), where a 4-rank trainer
+runs anyway."""
 
 from __future__ import annotations
 
@@ -77,13 +78,6 @@ def test_megatron_equals_dtensor_and_layouts_equal_tp1(model_dir, two_ranks, tmp
         for row, ref_row in zip(other["logprobs"], dtensor["logprobs"]):
             assert max(abs(a - b) for a, b in zip(row, ref_row)) < 1e-4, name
     assert first["grad_norm"] > 0 and two_ranks["tp2"]["steps"][0]["grad_norm"] > 0
-
-
-def test_export_returns_the_checkpoint_exactly_at_tp2_pp2(model_dir, tmp_path):
-    out, _ = run_worker(tmp_path, megatron(model_dir, tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
-                        "export", 4, tmp_path / "cache")
-    assert out["names_equal"] and not out["missing_from_source"]
-    assert out["max_abs_diff"] == 0.0
 
 
 # settings, and how many of the largest HF tensor rank 0 may hold at once while publishing:

@@ -1,7 +1,8 @@
 """GRPO through the real services with the Megatron backend: a torchrun trainer at TP=2,
 PP=2 and TP=2 x PP=2 (4 ranks, distributed optimizer), a vLLM generator and a reward
 service, started by the same code as `tandem run`. The coordinator does not know which
-backend runs; the weights the generator receives are exported from Megatron's shards.
+backend runs; the weights the generator receives are exported from Megatron's shards, and the
+HF export of the converted checkpoint, before any step, is that checkpoint bit for bit.
 
 Layouts of one world size share a cluster: the next one relaunches only the trainer with its
 settings (LocalCluster.restart_trainer, as a relaunch after a crash does) and publishes its
@@ -9,6 +10,7 @@ weights to the same generator as the next version."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import structlog
@@ -23,6 +25,7 @@ from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.loop.context import LoopContext
+from coordinator.run.export import export_hf
 from tandem.generation.types import SamplingConfig
 from tests import procs
 from trainer_svc.types import Sample
@@ -108,6 +111,25 @@ def _trainer_layout(run_dir) -> dict:
     cfg = lines[-1]["megatron_cfg"]
     return {"tp": cfg["tensor_model_parallel_size"], "pp": cfg["pipeline_model_parallel_size"],
             "distopt": cfg["optimizer"]["use_distributed_optimizer"]}
+
+
+def test_the_export_before_any_step_is_the_checkpoint_exactly(loop, clusters, tmp_path):
+    """ExportHf from Megatron's shards (TP and PP gathers, the distributed optimizer's layout), as
+    every run's end does it, of the weights just converted from the HF checkpoint: bit-equal."""
+    _, ctx, _ = loop
+    export = export_hf(ctx.services.trainer, tmp_path / "hf", ctx.log)
+    exported, source = _tensors(export.path), _tensors(clusters.model_dir)
+    assert sorted(exported) == sorted(source)
+    assert max((exported[n] - source[n]).abs().max().item() for n in source) == 0.0
+
+
+def _tensors(directory) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
 
 
 def test_grpo_steps_run_on_policy_through_the_services(loop):
