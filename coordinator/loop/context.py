@@ -118,7 +118,7 @@ class LoopContext:
         step trained. An error of a publish is raised by the next publish or wait_published()."""
         self.wait_published()
         version = self.trainer_version + 1
-        self.services.trainer.hold_weights(version)
+        self.publisher.hold(version)
         self._last_detached = version
 
         def publish() -> None:

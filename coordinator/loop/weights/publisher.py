@@ -76,6 +76,14 @@ class WeightPublisher:
             self._trainer_step = self._trainer.info().global_step
             return report
 
+    def hold(self, version: int) -> None:
+        """Async GRPO: the trainer copies its weights as `version`, which `publish(version=...)`
+        sends later. Until then no generator is caught up: the trainer's weights and its held
+        copy are no longer the published version."""
+        with self._lock:
+            self._trainer.hold_weights(version)
+            self._trainer_step = None
+
     def admit(self, generators: Sequence[GeneratorHandle]) -> list[GeneratorHandle]:
         """The generators that serve the current version; stale ones are brought up to
         date first when that is safe (the trainer has not stepped since the last publish)."""

@@ -79,6 +79,18 @@ def test_the_loop_trains_on_while_the_generators_receive():
     assert trainer.calls == [("hold", 1), ("publish", 1, False), ("hold", 2), ("publish", 2, False)]
 
 
+def test_no_generator_is_caught_up_while_a_newer_version_is_held():
+    release = threading.Event()
+    release.set()
+    ctx, trainer = _ctx(Generator(release))
+    ctx.publish_detached(lambda: None)
+    ctx.wait_published()
+    late = GeneratorHandle("g1", Generator(release), 8)  # joined after version 1 went out
+    ctx.publisher.hold(2)  # the trainer moved on to version 2 and holds no copy of 1
+    assert ctx.publisher.admit([late]) == [] and late.client.versions == []
+    assert ("publish", 1, False) == trainer.calls[-2] and trainer.calls[-1] == ("hold", 2)
+
+
 def test_a_failed_detached_publish_is_raised_by_the_next_publish():
     release = threading.Event()
     release.set()
