@@ -2,11 +2,13 @@
 
 On rank 0 each public method validates its arguments, then runs one command on every rank
 through the lockstep channel; ranks > 0 run the same commands in `follow()`. Only rank 0
-calls the public methods; their results are rank 0's.
+calls the public methods; their results are rank 0's. One exception: `publish_held` sends a
+copy `hold_weights` took (async GRPO) from rank 0 alone, on the caller's thread, beside the
+command running then (a train step).
 
-Weight versions: the trainer's weights are version `weight_version` right after a publish
-(0: the loaded checkpoint); a train step or a checkpoint load moves them past it until the
-next publish. The generation the trainer may serve itself (`generate`, with a `Decoder`)
+Weight versions: the trainer's weights are version `weight_version` right after a publish or
+a hold (0: the loaded checkpoint); a train step or a checkpoint load moves them past it until
+the next one. The generation the trainer may serve itself (`generate`, with a `Decoder`)
 samples only from published weights, labelled with their version.
 """
 
