@@ -10,7 +10,6 @@ weights to the same generator as the next version."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import structlog
@@ -28,6 +27,7 @@ from coordinator.loop.context import LoopContext
 from coordinator.run.export import export_hf
 from tandem.generation.types import SamplingConfig
 from tests import procs
+from tests.megatron.worker import checkpoint_tensors
 from trainer_svc.types import Sample
 
 pytestmark = pytest.mark.integration
@@ -118,18 +118,9 @@ def test_the_export_before_any_step_is_the_checkpoint_exactly(loop, clusters, tm
     every run's end does it, of the weights just converted from the HF checkpoint: bit-equal."""
     _, ctx, _ = loop
     export = export_hf(ctx.services.trainer, tmp_path / "hf", ctx.log)
-    exported, source = _tensors(export.path), _tensors(clusters.model_dir)
+    exported, source = checkpoint_tensors(export.path), checkpoint_tensors(clusters.model_dir)
     assert sorted(exported) == sorted(source)
     assert max((exported[n] - source[n]).abs().max().item() for n in source) == 0.0
-
-
-def _tensors(directory) -> dict:
-    from safetensors.torch import load_file
-
-    out = {}
-    for f in sorted(Path(directory).glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
 
 
 def test_grpo_steps_run_on_policy_through_the_services(loop):

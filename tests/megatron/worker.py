@@ -119,9 +119,7 @@ def job_moe(backend, model_dir: str) -> dict:
     out["auxgrad"] = backend.train_step(zero, GrpoLossConfig(), 8, 2, None).metrics
     state = backend.gather_hf_state_dict()
     if state is not None:
-        from safetensors.torch import load_file
-
-        source = {k: v for f in sorted(Path(model_dir).glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+        source = checkpoint_tensors(model_dir)
         out.update(export=exported, names=sorted(state),
                    moved=sorted(n for n in state if not torch.equal(state[n].float(), source[n].float())))
     return out
@@ -156,15 +154,18 @@ def job_lora(backend, model_dir: str, out_dir: Path) -> dict:
             "logprobs": logprobs, "merged_dir": str(out_dir / "adapter")}
 
 
-def job_export(backend, model_dir: str) -> dict:
+def checkpoint_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory's safetensors files, by name."""
     from safetensors.torch import load_file
 
+    return {name: t for f in sorted(Path(model_dir).glob("*.safetensors")) for name, t in load_file(str(f)).items()}
+
+
+def job_export(backend, model_dir: str) -> dict:
     state = backend.gather_hf_state_dict()
     if state is None:
         return {}
-    source = {}
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        source.update(load_file(str(f)))
+    source = checkpoint_tensors(model_dir)
     return {"names_equal": sorted(state) == sorted(backend.hf_tensor_shapes),
             "max_abs_diff": max((state[n].float() - source[n].float()).abs().max().item() for n in state),
             "missing_from_source": sorted(set(state) - set(source))}
