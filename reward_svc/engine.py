@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib
 import json
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from reward_svc.config import RewardSettings, Scorer
-from reward_svc.envs import calculator, code, exact, math
+from reward_svc.envs import calculator, code, exact
 from reward_svc.envs.reward_model import RewardModel
 from reward_svc.types import RewardInfo, ScoreItem, ScoreResult, StepItem, StepResult, Turn
 from reward_svc.workers import ScorerFailed, WorkerPool
@@ -36,6 +38,8 @@ def _score_one(scorer: Scorer, completion: str, truth: str, settings: RewardSett
         return exact.score(completion, truth)
     if scorer is Scorer.MATH:  # math-verify's own (SIGALRM) timeouts fit in the item's limit; the worker
         # kill is the backstop for what SIGALRM cannot interrupt
+        from reward_svc.envs import math  # imported by the worker's initializer already
+
         return math.score(completion, truth, timeout_s=max(1, int(settings.item_timeout_s / 4)))
     if scorer is Scorer.CODE:
         return code.score(completion, truth, settings.sandbox)
@@ -52,9 +56,19 @@ def _step_one(scorer: Scorer, prompt: str, truth: str, history: tuple[Turn, ...]
     raise ValueError(f"scorer {scorer.value} has no multi-turn environment")
 
 
-def _import_scorers() -> None:
-    """Worker initializer. Unpickling it in a fresh worker imports this module, and with it
-    every scorer (sympy via math-verify), before the worker takes a job with a deadline."""
+_HEAVY_SCORERS = {Scorer.MATH: "reward_svc.envs.math"}
+"""Scorers whose modules take long to import (math-verify brings sympy: ~0.9 CPU-s): imported
+only by the workers of a service that has a task of that kind, never by the service's own
+process. The light scorers come with this module."""
+
+
+def _import_scorers(scorers: Iterable[Scorer]) -> None:
+    """Worker initializer: imports the scorers this service uses (unpickling the initializer in
+    a fresh worker imports this module, and with it the light ones) before the worker takes a
+    job with a deadline."""
+    for scorer in scorers:
+        if scorer in _HEAVY_SCORERS:
+            importlib.import_module(_HEAVY_SCORERS[scorer])
 
 
 class PoolScorer:
@@ -137,7 +151,8 @@ class RewardEngine:
     def __init__(self, settings: RewardSettings, log):
         self._settings = settings
         self._log = log
-        self._pool = WorkerPool(settings.num_workers, initializer=_import_scorers)
+        used = tuple(sorted(set(settings.tasks.values()), key=lambda s: s.value))
+        self._pool = WorkerPool(settings.num_workers, initializer=functools.partial(_import_scorers, used))
         kinds = {s: (ModelScorer(settings, log) if s.needs_model else PoolScorer(s, self._pool, settings, log))
                  for s in set(settings.tasks.values())}
         self._by_task = {task: kinds[s] for task, s in settings.tasks.items()}

@@ -6,6 +6,8 @@ import asyncio
 import json
 import operator
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -102,6 +104,27 @@ def test_engine_scores_math_and_code_and_survives_pathological_items():
     assert [r.correct for r in results] == [True, False, False, False, True, False, False, False, False]
     assert elapsed < 15.0, elapsed
     assert [r.correct for r in again] == [True, True]
+
+
+_HAS_MATH_VERIFY = "'math_verify' in __import__('sys').modules"
+
+
+@pytest.mark.parametrize(("tasks", "imported"), [({"sum": "exact"}, False), ({"sum": "exact", "proof": "math"}, True)])
+def test_math_verify_is_imported_by_the_workers_of_a_service_with_a_math_task_only(tasks, imported):
+    """math-verify (and sympy) cost ~0.9 CPU-s per process to import, paid while a run's other
+    services start: a service without a math task never imports them."""
+    async def scenario():
+        engine = RewardEngine(RewardSettings(tasks=tasks, num_workers=1), structlog.get_logger())
+        await engine.warm_up()
+        try:
+            return await engine._pool.run(eval, (_HAS_MATH_VERIFY,), timeout_s=60.0)
+        finally:
+            engine.close()
+
+    assert asyncio.run(scenario()) is imported
+    # nor does the service's own process, whatever its tasks
+    check = f"import reward_svc.engine, reward_svc.server; assert not {_HAS_MATH_VERIFY}"
+    subprocess.run([sys.executable, "-c", check], check=True)
 
 
 def test_code_task_needs_an_item_timeout_above_the_sandbox_wall_clock():
