@@ -7,7 +7,7 @@ class Tokens:
     """The tokenizer as the loop needs it: prompt ids (BOS included), answer ids + EOS, decode."""
 
     def __init__(self, model_dir: str, tokenizer=None):
-        """tokenizer: one already loaded (a transformers tokenizer), else model_dir's."""
+        """tokenizer: one already loaded (a transformers tokenizer, or a CoreTokenizer), else model_dir's."""
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -21,15 +21,15 @@ class Tokens:
     @classmethod
     def of_run(cls, model_name: str | None, model_dir: str) -> Tokens:
         """A run's tokenizer: policy.model_name's (`model_name`, loaded from model_dir), or when
-        that is unset the embedded model's, built here: what its saved copy in model_dir holds
-        (tests/unit/coordinator/test_embedded.py checks they tokenize alike), without
-        AutoTokenizer, whose imports (transformers' model registry, and torch) cost the
-        coordinator 3.3 CPU-s against 0.9 while the run's services start."""
+        that is unset the embedded model's, built here on the `tokenizers` library alone: what
+        its saved copy in model_dir holds (tests/unit/coordinator/test_embedded.py checks they
+        tokenize alike). Importing transformers, for AutoTokenizer or even its fast-tokenizer
+        class, costs the coordinator ~1-3 CPU-s while the run's services start beside it."""
         if model_name is not None:
             return cls(model_dir)
-        from coordinator.embedded.tiny_model import build_char_tokenizer
+        from coordinator.embedded.tiny_model import EOS, char_tokenizer
 
-        return cls(model_dir, build_char_tokenizer())
+        return cls(model_dir, CoreTokenizer(char_tokenizer(), EOS))
 
     def __len__(self) -> int:
         return len(self._tok)
@@ -57,3 +57,26 @@ class Tokens:
     def encode(self, text: str) -> list[int]:
         """Ids of text without special tokens (e.g. an environment's observation)."""
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+
+class CoreTokenizer:
+    """A `tokenizers.Tokenizer` behind the part of transformers' tokenizer API that `Tokens`
+    uses (no chat template)."""
+
+    chat_template = None
+
+    def __init__(self, core, eos_token: str):
+        self._core = core
+        self.eos_token_id = core.token_to_id(eos_token)
+
+    def __len__(self) -> int:
+        return self._core.get_vocab_size(with_added_tokens=True)
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self._core.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._core.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, *args, **kwargs) -> str:
+        raise ValueError("this tokenizer has no chat template")

@@ -32,10 +32,10 @@ def vocabulary() -> list[str]:
     return [*SPECIAL_TOKENS, *chars]
 
 
-def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
-    """Character-level fast tokenizer that prepends BOS and never appends EOS."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+def char_tokenizer():  # -> tokenizers.Tokenizer
+    """The character-level tokenizer on the `tokenizers` library alone: prepends BOS, never
+    appends EOS, and the four special tokens are marked special (decoding can skip them)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {tok: i for i, tok in enumerate(vocabulary())}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
@@ -44,8 +44,16 @@ def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     core.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B:1", special_tokens=[(BOS, vocab[BOS])]
     )
+    core.add_special_tokens([AddedToken(token, special=True) for token in SPECIAL_TOKENS])
+    return core
+
+
+def build_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """`char_tokenizer` as a transformers tokenizer (what the checkpoint saves)."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
-        tokenizer_object=core,
+        tokenizer_object=char_tokenizer(),
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,

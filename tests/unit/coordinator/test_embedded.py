@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,13 @@ def test_the_runs_embedded_tokenizer_is_the_saved_ones(default_model_dir: Path) 
         assert built.prompt(text) == saved.prompt(text) and built.answer(text) == saved.answer(text)
         ids = saved.prompt(text)
         assert built.decode(ids) == saved.decode(ids) == text.replace("~", "").replace("^", "")
+
+
+def test_the_runs_embedded_tokenizer_imports_no_transformers() -> None:
+    """transformers' import would cost the coordinator 1-3 CPU-s while the run's services start."""
+    check = ("import sys; from coordinator.data.tokens import Tokens; tokens = Tokens.of_run(None, 'embedded'); "
+             "assert tokens.prompt('1+2=') and 'transformers' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", check], check=True)
 
 
 def test_model_cache_is_reused(tmp_path: Path) -> None:
