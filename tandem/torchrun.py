@@ -12,15 +12,22 @@ Several nodes still meet in a TCP c10d rendezvous at `rdzv_endpoint`; torch bind
 on every interface of the node that hosts it (keep the rendezvous port behind the cluster's
 firewall); MASTER_ADDR is `local_addr`, the address the nodes reach each other at.
 
-`python -m tandem.torchrun [torchrun arguments]` is torchrun (torch.distributed.run) with two
+`python -m tandem.torchrun [torchrun arguments]` is torchrun (torch.distributed.run) with three
 differences for a service: when its stderr is not a terminal, its own output and its workers'
-are JSON lines like every service's (tandem/process_logs.py), and a stop signal (SIGTERM from
+are JSON lines like every service's (tandem/process_logs.py); a stop signal (SIGTERM from
 `docker stop` or the coordinator) that it forwards to the workers, which drain and exit, ends
-it with code 0 instead of a traceback. `torchrun_head` launches it.
+it with code 0 instead of a traceback; and MASTER_PORT is a free port below the kernel's
+ephemeral range (`master_port`). torchrun picks it by binding port 0 and closing the socket;
+rank 0 binds it again only seconds later, once it has imported torch, and meanwhile any
+outgoing connection on the host could be given that same port as its own end ("the store
+cannot listen on 127.0.0.1:P: Address already in use", seen in a full test run). Below the
+ephemeral range the kernel never hands a port out by itself. `torchrun_head` launches it.
 """
 
 from __future__ import annotations
 
+import random
+import socket
 import sys
 import uuid
 
@@ -48,14 +55,43 @@ def torchrun_module(module: str, nproc: int, *args: str) -> list[str]:
     return [*torchrun_head(nproc), "-m", module, *args]
 
 
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PORT = 10000  # above the registered ports most services use
+
+
+def master_port(tries: int = 200) -> int:
+    """A TCP port that is free now (bound, then released) and below the range the kernel picks
+    ephemeral ports from, so that no outgoing connection takes it before rank 0 listens on it.
+    Where that range is unknown (not Linux) or too low, any free port, as torchrun picks it."""
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            first_ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = _LOWEST_PORT
+    for _ in range(tries if first_ephemeral > _LOWEST_PORT else 0):
+        port = random.randrange(_LOWEST_PORT, first_ephemeral)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
 def main() -> int:
     json_lines = not sys.stderr.isatty()
     if json_lines:
         from tandem.process_logs import json_everywhere
 
         json_everywhere("torchrun")
+    import torch.distributed.elastic.rendezvous.api as rendezvous
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
+
+    rendezvous.get_free_port = master_port  # what RendezvousStoreInfo.build calls for MASTER_PORT
 
     if json_lines:  # torch gives its own loggers a plain-text handler when it is imported
         from tandem.process_logs import route_stdlib_logging

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from coordinator.cluster import launcher
-from tandem.torchrun import TORCHRUN_ENV, torchrun_head, torchrun_module
+from tandem import torchrun
+from tandem.torchrun import _LOWEST_PORT, TORCHRUN_ENV, master_port, torchrun_head, torchrun_module
 
 # Each rank prints what torchrun gave it; rank 0 also lists the TCP sockets its parent (the
 # agent) listens on.
 _RANK = """
 import os
-line = " ".join(["RANK", os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["TORCHELASTIC_USE_AGENT_STORE"]])
+line = " ".join(["RANK", os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["TORCHELASTIC_USE_AGENT_STORE"],
+                 os.environ["MASTER_PORT"]])
 os.write(1, (line + "\\n").encode())  # one write: the ranks share the pipe
 if os.environ["RANK"] == "0":
     agent = os.getppid()
@@ -59,9 +62,32 @@ def test_the_agent_listens_on_nothing(tmp_path):
     done = subprocess.run([*torchrun_head(2), str(script)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **TORCHRUN_ENV}, cwd=tmp_path, check=False)
     lines = [_text(line).split() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    assert sorted(line[1:] for line in lines if line[0] == "RANK") == [["0", "127.0.0.1", "False"],
-                                                                       ["1", "127.0.0.1", "False"]], done.stderr[-2000:]
+    assert sorted(line[1:4] for line in lines if line[0] == "RANK") == [["0", "127.0.0.1", "False"],
+                                                                        ["1", "127.0.0.1", "False"]], done.stderr[-2000:]
     assert ["AGENT_LISTENS", "[]"] in lines, done.stdout
+    # MASTER_PORT lies below the ephemeral range: no outgoing connection takes it before rank 0 listens
+    ports = {int(line[4]) for line in lines if line[0] == "RANK"}
+    assert len(ports) == 1 and _LOWEST_PORT <= ports.pop() < _first_ephemeral_port(), lines
+
+
+def _first_ephemeral_port() -> int:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        return int(f.read().split()[0])
+
+
+def test_the_master_port_is_free_and_below_the_ephemeral_range(monkeypatch, tmp_path):
+    first = _first_ephemeral_port()
+    ports = {master_port() for _ in range(20)}
+    assert all(_LOWEST_PORT <= port < first for port in ports) and len(ports) > 1
+    with socket.socket() as busy:  # a port in use is skipped
+        busy.bind(("", 0))
+        busy.listen()
+        free = master_port()
+        picks = iter([busy.getsockname()[1], free])
+        monkeypatch.setattr(torchrun.random, "randrange", lambda *_: next(picks))
+        assert master_port() == free
+    monkeypatch.setattr(torchrun, "_EPHEMERAL_RANGE", str(tmp_path / "absent"))  # not Linux: any free port
+    assert master_port() > 0
 
 
 def test_the_agent_of_a_standalone_torchrun_listens_on_every_interface(tmp_path):
