@@ -104,7 +104,8 @@ class VllmEngine:
         engine = cls(llm, settings, engine_name, log, sleep_mode=sleep_mode, exit_grace_s=exit_grace_s)
         engine.vocab_size = llm.model_config.get_vocab_size()
         await engine._warm_up()
-        log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1))
+        log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1),
+                 frozen_objects=gc.get_freeze_count())  # _freeze_heap's, before the engine process was started
         return engine
 
     async def _warm_up(self) -> None:

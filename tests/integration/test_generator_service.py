@@ -135,6 +135,10 @@ def test_health_and_info_once_loaded(env):
     info = env["client"].info()
     assert (info.weight_version, info.max_num_seqs, info.dtype) == (0, 64, "float32")
     assert info.engine.startswith("vllm")
+    # the heap torch and vLLM left was frozen before the engine process started (the engine
+    # process's start-up collections skip it: vllm_engine._freeze_heap)
+    started = next(json.loads(line) for line in env["service"].log().splitlines() if '"engine_started"' in line)
+    assert started["frozen_objects"] > 100_000, started
 
 
 def test_concurrent_generate_calls_stream_every_sample(env):
