@@ -151,10 +151,10 @@ class RewardEngine:
     def __init__(self, settings: RewardSettings, log):
         self._settings = settings
         self._log = log
-        used = tuple(sorted(set(settings.tasks.values()), key=lambda s: s.value))
+        used = frozenset(settings.tasks.values())
         self._pool = WorkerPool(settings.num_workers, initializer=functools.partial(_import_scorers, used))
         kinds = {s: (ModelScorer(settings, log) if s.needs_model else PoolScorer(s, self._pool, settings, log))
-                 for s in set(settings.tasks.values())}
+                 for s in used}
         self._by_task = {task: kinds[s] for task, s in settings.tasks.items()}
         self._stopping = False
         self._calls = 0  # score/step calls in flight
