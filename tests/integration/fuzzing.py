@@ -40,6 +40,9 @@ _INT_RANGES = {
 }
 OVERSIZED = 2 << 20
 """Bytes of an oversized string or bytes field (well under the 256 MiB message limit)."""
+OVERSIZED_TEXT, OVERSIZED_BYTES = "x" * OVERSIZED, b"\xff" * OVERSIZED
+"""Made once: a fresh 2 MiB value per draw cost its copy and its hash each time (hypothesis hashes
+what it draws), about half the time of drawing a message."""
 ACCEPTED = frozenset({"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE",
                       "ALREADY_EXISTS"})
 """Answers that say the request (or the service's state) was the problem."""
@@ -60,7 +63,7 @@ def floats(width: int) -> st.SearchStrategy[float]:
 
 def texts() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(["", "a", "arithmetic", "../../etc/passwd", "\x00", "💥" * 3, " "]),
-                     st.text(max_size=24), st.just("x" * OVERSIZED))
+                     st.text(max_size=24), st.just(OVERSIZED_TEXT))
 
 
 def _scalar(fd: FieldDescriptor) -> st.SearchStrategy:
@@ -75,7 +78,7 @@ def _scalar(fd: FieldDescriptor) -> st.SearchStrategy:
     if fd.type == FieldDescriptor.TYPE_STRING:
         return texts()
     if fd.type == FieldDescriptor.TYPE_BYTES:
-        return st.one_of(st.binary(max_size=64), st.just(b"\xff" * OVERSIZED))
+        return st.one_of(st.binary(max_size=64), st.just(OVERSIZED_BYTES))
     if fd.type == FieldDescriptor.TYPE_ENUM:
         return st.one_of(st.sampled_from([v.number for v in fd.enum_type.values]), st.integers(-3, 50))
     raise TypeError(f"no strategy for field {fd.full_name}")
@@ -85,19 +88,21 @@ def messages(descriptor: Descriptor, message_type: type[Message] | None = None, 
              overrides: dict[str, st.SearchStrategy] | None = None, depth: int = 3,
              max_repeated: int = 6) -> st.SearchStrategy[Message]:
     """Any `message_type` message (the descriptor's class by default); `overrides` replaces the
-    strategy of a field by its name (wherever the field is, nested messages included)."""
+    strategy of a field by its name (wherever the field is, nested messages included). Each
+    field's strategy is built here, once, not at every draw."""
     from google.protobuf import message_factory
 
     overrides = overrides or {}
     cls = message_type or message_factory.GetMessageClass(descriptor)
+    fields = [(fd, strategy) for fd in descriptor.fields
+              if (strategy := _field(fd, overrides, depth, max_repeated)) is not None]
 
     @st.composite
     def build(draw) -> Message:
         message = cls()
-        for fd in descriptor.fields:
-            if not draw(st.booleans()):
-                continue
-            _fill(draw, message, fd, overrides, depth, max_repeated)
+        for fd, strategy in fields:
+            if draw(st.booleans()):
+                _set(message, fd, draw(strategy))
         return message
     return build()
 
@@ -110,26 +115,30 @@ def _value(fd: FieldDescriptor, overrides, depth: int, max_repeated: int) -> st.
     return _scalar(fd)
 
 
-def _fill(draw, message: Message, fd: FieldDescriptor, overrides, depth: int, max_repeated: int) -> None:
-    if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+def _is_map(fd: FieldDescriptor) -> bool:
+    return fd.message_type is not None and fd.message_type.GetOptions().map_entry
+
+
+def _field(fd: FieldDescriptor, overrides, depth: int, max_repeated: int) -> st.SearchStrategy | None:
+    """What a field of a drawn message holds (None: the field stays unset, a message below `depth`)."""
+    if _is_map(fd):
         key_fd, value_fd = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
-        entries = draw(st.dictionaries(_scalar(key_fd), _value(value_fd, overrides, depth, max_repeated),
-                                       max_size=3))
+        return st.dictionaries(_scalar(key_fd), _value(value_fd, overrides, depth, max_repeated), max_size=3)
+    if fd.message_type is not None and depth <= 0 and fd.name not in overrides:
+        return None
+    strategy = _value(fd, overrides, depth, max_repeated)
+    return st.lists(strategy, max_size=max_repeated) if fd.is_repeated and fd.name not in overrides else strategy
+
+
+def _set(message: Message, fd: FieldDescriptor, values) -> None:
+    if _is_map(fd):
         target = getattr(message, fd.name)
-        for key, value in entries.items():
-            if value_fd.message_type is not None:
+        for key, value in values.items():
+            if fd.message_type.fields_by_name["value"].message_type is not None:
                 target[key].CopyFrom(value)
             else:
                 target[key] = value
-        return
-    if fd.message_type is not None and depth <= 0 and fd.name not in overrides:
-        return
-    strategy = _value(fd, overrides, depth, max_repeated)
-    if fd.is_repeated and fd.name not in overrides:
-        values = draw(st.lists(strategy, max_size=max_repeated))
-    else:
-        values = draw(strategy)
-    if fd.is_repeated:
+    elif fd.is_repeated:
         getattr(message, fd.name).extend(values)
     elif fd.message_type is not None:
         getattr(message, fd.name).CopyFrom(values)
