@@ -9,7 +9,8 @@ SPEC: {"model_dir": ..., "base": {TrainerSettings fields}, "variants": {name: {f
        | {"kind": "grpo", ...GrpoLossConfig fields}, "checkpoint_dir": optional shared directory}
 Every variant starts from the checkpoint and sees the same samples; the tests compare the
 variants' numbers (tests/integration/test_dtensor_options.py) and benchmarks/dtensor_options.py
-prints their step times.
+prints their step times. A SPEC of the form {"jobs": {job: SPEC}} runs each job in turn in the
+same world (one launch for several comparisons) and OUT holds {job: results}.
 """
 
 from __future__ import annotations
@@ -84,9 +85,8 @@ def run_variant(settings: TrainerSettings, env, samples: list[Sample], spec: dic
             "state_sums": state_sums, "resume_losses": resumed}
 
 
-def main(spec_path: str, out_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    env = init_distributed(600)
+def run_job(spec: dict[str, Any], env) -> dict[str, Any]:
+    """Every variant of one SPEC: {variant: results}."""
     from transformers import AutoConfig
 
     vocab_size = AutoConfig.from_pretrained(spec["model_dir"]).vocab_size
@@ -96,6 +96,14 @@ def main(spec_path: str, out_path: str) -> None:
         settings = TrainerSettings.model_validate({"model_name": spec["model_dir"], **spec.get("base", {}), **variant})
         checkpoint = Path(spec["checkpoint_dir"]) / name.replace(" ", "_") if spec.get("checkpoint_dir") else None
         results[name] = run_variant(settings, env, samples, spec, checkpoint)
+    return results
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    env = init_distributed(600)
+    results = ({job: run_job(job_spec, env) for job, job_spec in spec["jobs"].items()} if "jobs" in spec
+               else run_job(spec, env))
     if env.rank == 0:
         Path(out_path).write_text(json.dumps(results))
     close_distributed()

@@ -1,7 +1,9 @@
 """DTensor backend options under real torchrun (2 CPU ranks, gloo): each option trains the same
 batches as the plain FSDP2 layout and must give the same logprobs, losses and grad norms.
 
-The variants run in one torchrun world (benchmarks/backend_variants.py), one after another.
+The variants of all three tests run in one torchrun world (benchmarks/backend_variants.py, a
+module fixture), one after another: one launch instead of three (~10 s of start-up each in a
+full test run).
 """
 
 import json
@@ -58,40 +60,54 @@ def assert_same_run(result: dict, reference: dict, tol: float = TOL) -> None:
         assert result["state_sums"][name] == pytest.approx(total, abs=1e-3), name
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return _build_tiny_llama(tmp_path_factory.mktemp("model") / "tiny")
-
-
 PACKED = {"enabled": True, "train_mb_tokens": 64, "logprob_mb_tokens": 96}
+TP2 = {"tensor_parallel_size": 2}
+JOBS = {
+    "packing": {"base": {"seed": 3, "optimizer": {"lr": 1e-3}, "max_grad_norm": 1.0},
+                "num_samples": 16, "global_batch_size": 8, "micro_batch_size": 2, "num_steps": 2,
+                "loss": {"kind": "grpo", "token_level_loss": False, "reference_policy_kl_penalty": 0.05},
+                "variants": {"padded": {},
+                             "packed": {"sequence_packing": PACKED},
+                             "packed_in_order": {"sequence_packing": {**PACKED, "algorithm": "concatenative"}}}},
+    "parallel": {"base": {"seed": 5, "optimizer": {"lr": 1e-3}, "max_grad_norm": 0.5},
+                 "num_samples": 8, "global_batch_size": 4, "micro_batch_size": 2, "num_steps": 3,
+                 "loss": {"kind": "grpo", "reference_policy_kl_penalty": 0.05},
+                 "variants": {"fsdp": {},
+                              "tp2": {"dtensor_cfg": TP2},
+                              "tp2_sp": {"dtensor_cfg": {**TP2, "sequence_parallel": True}},
+                              "tp2_sp_packed_ac": {"dtensor_cfg": {**TP2, "sequence_parallel": True,
+                                                                   "activation_checkpointing": True},
+                                                   "sequence_packing": PACKED}}},
+    "offload": {"base": {"seed": 7, "optimizer": {"lr": 1e-3}, "max_grad_norm": 1.0},
+                "num_samples": 8, "global_batch_size": 4, "micro_batch_size": 2, "num_steps": 2,
+                "loss": {"kind": "nll"},
+                "variants": {"fp32": {},
+                             "offload": {"dtensor_cfg": {"cpu_offload": True}},
+                             "offload_tp2": {"dtensor_cfg": {"cpu_offload": True, "tensor_parallel_size": 2}},
+                             "bf16": {"dtype": "bfloat16"}}},
+}
 
 
-def test_sequence_packing_matches_padded_batches(model_dir, tmp_path):
-    spec = {"model_dir": str(model_dir), "base": {"seed": 3, "optimizer": {"lr": 1e-3}, "max_grad_norm": 1.0},
-            "num_samples": 16, "global_batch_size": 8, "micro_batch_size": 2, "num_steps": 2,
-            "loss": {"kind": "grpo", "token_level_loss": False, "reference_policy_kl_penalty": 0.05},
-            "variants": {"padded": {},
-                         "packed": {"sequence_packing": PACKED},
-                         "packed_in_order": {"sequence_packing": {**PACKED, "algorithm": "concatenative"}}}}
-    results = run_variants(tmp_path, spec)
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict:
+    """Every job's results, {job: {variant: results}}, from one launch."""
+    root = tmp_path_factory.mktemp("dtensor-options")
+    model_dir = str(_build_tiny_llama(root / "tiny"))
+    spec = {"jobs": {job: {"model_dir": model_dir, **job_spec} for job, job_spec in JOBS.items()}}
+    spec["jobs"]["parallel"]["checkpoint_dir"] = str(root / "ckpt")
+    return run_variants(root, spec)
+
+
+def test_sequence_packing_matches_padded_batches(jobs):
+    results = jobs["packing"]
     reference = results["padded"]
     assert all(abs(x) > 0 for x in reference["losses"])  # the comparison means something
     for name in ("packed", "packed_in_order"):
         assert_same_run(results[name], reference)
 
 
-def test_tensor_and_sequence_parallel_match_fsdp(model_dir, tmp_path):
-    tp2 = {"tensor_parallel_size": 2}
-    spec = {"model_dir": str(model_dir), "base": {"seed": 5, "optimizer": {"lr": 1e-3}, "max_grad_norm": 0.5},
-            "num_samples": 8, "global_batch_size": 4, "micro_batch_size": 2, "num_steps": 3,
-            "loss": {"kind": "grpo", "reference_policy_kl_penalty": 0.05}, "checkpoint_dir": str(tmp_path / "ckpt"),
-            "variants": {"fsdp": {},
-                         "tp2": {"dtensor_cfg": tp2},
-                         "tp2_sp": {"dtensor_cfg": {**tp2, "sequence_parallel": True}},
-                         "tp2_sp_packed_ac": {"dtensor_cfg": {**tp2, "sequence_parallel": True,
-                                                              "activation_checkpointing": True},
-                                              "sequence_packing": PACKED}}}
-    results = run_variants(tmp_path, spec)
+def test_tensor_and_sequence_parallel_match_fsdp(jobs):
+    results = jobs["parallel"]
     reference = results["fsdp"]
     assert max(reference["grad_norms"]) > 0.5  # clipping is active in the compared steps
     assert reference["layout"] == ["dp:Shard(dim=0)"]
@@ -104,15 +120,8 @@ def test_tensor_and_sequence_parallel_match_fsdp(model_dir, tmp_path):
         assert_same_run(results[name], reference)
 
 
-def test_cpu_offload_and_bf16_with_fp32_master_weights(model_dir, tmp_path):
-    spec = {"model_dir": str(model_dir), "base": {"seed": 7, "optimizer": {"lr": 1e-3}, "max_grad_norm": 1.0},
-            "num_samples": 8, "global_batch_size": 4, "micro_batch_size": 2, "num_steps": 2,
-            "loss": {"kind": "nll"},
-            "variants": {"fp32": {},
-                         "offload": {"dtensor_cfg": {"cpu_offload": True}},
-                         "offload_tp2": {"dtensor_cfg": {"cpu_offload": True, "tensor_parallel_size": 2}},
-                         "bf16": {"dtype": "bfloat16"}}}
-    results = run_variants(tmp_path, spec)
+def test_cpu_offload_and_bf16_with_fp32_master_weights(jobs):
+    results = jobs["offload"]
     reference = results["fp32"]
     for name in ("offload", "offload_tp2"):  # on CPU the offload moves nothing: exactly the same run
         assert_same_run(results[name], reference)
