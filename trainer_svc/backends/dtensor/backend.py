@@ -94,8 +94,11 @@ class DTensorBackend:
         self.checkpoint_dtype = policy.checkpoint_dtype
         opt = settings.optimizer
         self._params = [p for p in self._model.parameters() if p.requires_grad]
+        # foreach: torch picks it by itself for CUDA tensors only. On CPU it ran one DTensor op per
+        # parameter and update term: 7.1 ms of the embedded model's 39 ms SFT step; foreach gives
+        # bitwise the same weights in 3.3 ms (benchmarks/optimizer_step.py)
         self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                                            weight_decay=opt.weight_decay)
+                                            weight_decay=opt.weight_decay, foreach=True)
         self._max_grad_norm = settings.max_grad_norm or math.inf
         self._reference = ReferenceWeights(self._params, _local)
         self.held_bytes = HeldBytes()
