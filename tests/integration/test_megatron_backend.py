@@ -53,17 +53,6 @@ TWO_RANK_LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2}, "pp2": {"pipeline_
                                          "activation_checkpointing": True}}
 
 
-@pytest.fixture(scope="module")
-def two_ranks(model_dir, tmp_path_factory) -> dict[str, dict]:
-    """The 2-rank jobs one after another in one launch (tests/megatron/worker.py): gloo's scatter,
-    two steps of each layout, and the checkpoint round trip with the distributed optimizer."""
-    tmp = tmp_path_factory.mktemp("two-ranks")
-    names = ["scatter", *TWO_RANK_LAYOUTS, "checkpoint-distopt"]
-    settings = [{"job": "scatter"}, *(megatron(model_dir, **cfg) for cfg in TWO_RANK_LAYOUTS.values()),
-                {"job": "checkpoint", **megatron(model_dir, optimizer={"use_distributed_optimizer": True})}]
-    return dict(zip(names, run_worker(tmp, settings, "step2", 2, tmp / "cache")[0]))
-
-
 def test_megatron_equals_dtensor_and_layouts_equal_tp1(model_dir, two_ranks, tmp_path):
     dtensor, tp1 = run_worker(tmp_path, [{"model_name": model_dir}, megatron(model_dir)], "step2", 1,
                               tmp_path / "cache")[0]
@@ -91,17 +80,24 @@ PUBLISH_LAYOUTS = {"megatron-tp2": ({"tensor_model_parallel_size": 2}, 5),
 
 
 @pytest.fixture(scope="module")
-def published(model_dir, tmp_path_factory) -> dict[str, dict]:
-    """Each layout's publishes, the layouts one after another in one 2-rank launch."""
-    tmp, layouts = tmp_path_factory.mktemp("publish"), sorted(PUBLISH_LAYOUTS)
+def two_ranks(model_dir, tmp_path_factory) -> dict[str, dict]:
+    """The 2-rank jobs one after another in one launch (tests/megatron/worker.py): gloo's scatter,
+    two steps of each layout, the checkpoint round trip with the distributed optimizer and each
+    publish layout's publishes (one launch instead of two: ~10 s of start-up in a full test run)."""
+    tmp = tmp_path_factory.mktemp("two-ranks")
+    publish = sorted(PUBLISH_LAYOUTS)
     dtensor_tp2 = {"model_name": model_dir, "dtensor_cfg": {"tensor_parallel_size": 2}}
-    settings = [megatron(model_dir, **cfg) if cfg else dtensor_tp2 for cfg, _ in map(PUBLISH_LAYOUTS.get, layouts)]
-    return dict(zip(layouts, run_worker(tmp, settings, "publish", 2, tmp / "cache")[0]))
+    names = ["scatter", *TWO_RANK_LAYOUTS, "checkpoint-distopt", *(f"publish-{name}" for name in publish)]
+    settings = [{"job": "scatter"}, *(megatron(model_dir, **cfg) for cfg in TWO_RANK_LAYOUTS.values()),
+                {"job": "checkpoint", **megatron(model_dir, optimizer={"use_distributed_optimizer": True})},
+                *({"job": "publish", **(megatron(model_dir, **cfg) if cfg else dtensor_tp2)}
+                  for cfg, _ in map(PUBLISH_LAYOUTS.get, publish))]
+    return dict(zip(names, run_worker(tmp, settings, "step2", 2, tmp / "cache")[0]))
 
 
 @pytest.mark.parametrize("layout", sorted(PUBLISH_LAYOUTS))
-def test_streamed_publish_equals_the_export_and_holds_one_tensor_at_a_time(published, layout):
-    out, tensors_held = published[layout], PUBLISH_LAYOUTS[layout][1]
+def test_streamed_publish_equals_the_export_and_holds_one_tensor_at_a_time(two_ranks, layout):
+    out, tensors_held = two_ranks[f"publish-{layout}"], PUBLISH_LAYOUTS[layout][1]
     assert out["sent"] == out["total_bytes"] and out["num_buckets"] > 10
     assert out["outcomes"]["1"] == out["outcomes"]["3"] == "received"
     assert out["max_abs_diff"] == {"1": 0.0, "3": 0.0}  # what arrived is the HF export, bit for bit
