@@ -53,9 +53,20 @@ TWO_RANK_LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2}, "pp2": {"pipeline_
                                          "activation_checkpointing": True}}
 
 
-def test_megatron_equals_dtensor_and_layouts_equal_tp1(model_dir, two_ranks, tmp_path):
-    dtensor, tp1 = run_worker(tmp_path, [{"model_name": model_dir}, megatron(model_dir)], "step2", 1,
-                              tmp_path / "cache")[0]
+@pytest.fixture(scope="module")
+def one_rank(model_dir, tmp_path_factory) -> tuple[dict[str, dict], str, Path]:
+    """The 1-rank jobs in one launch, converting into one cache: the Megatron logits against HF's
+    (it converts the checkpoint), then two steps of the DTensor backend and of Megatron at TP=1
+    (from the cache). Their results by name, the launch's log and the cache."""
+    tmp = tmp_path_factory.mktemp("one-rank")
+    settings = [{"job": "logits", **megatron(model_dir)}, {"model_name": model_dir}, megatron(model_dir)]
+    results, log = run_worker(tmp, settings, "step2", 1, tmp / "cache")
+    return dict(zip(["logits-tp1", "dtensor", "tp1"], results)), log, tmp / "cache"
+
+
+def test_megatron_equals_dtensor_and_layouts_equal_tp1(one_rank, two_ranks):
+    results = one_rank[0]
+    dtensor, tp1 = results["dtensor"], results["tp1"]
     first = dtensor["steps"][0]
     assert abs(tp1["steps"][0]["loss"] - first["loss"]) < 1e-4
     assert abs(tp1["steps"][0]["grad_norm"] - first["grad_norm"]) < 1e-4
@@ -109,9 +120,9 @@ def test_streamed_publish_equals_the_export_and_holds_one_tensor_at_a_time(two_r
     assert out["streamed_peak"] <= tensors_held * out["largest_tensor_bytes"] < out["model_bytes"] <= out["whole_peak"]
 
 
-def test_converted_logits_equal_hf_at_tp1_and_tp2_and_the_cache_is_made_once(model_dir, tmp_path):
-    cache = tmp_path / "cache"
-    tp1, log1 = run_worker(tmp_path, megatron(model_dir), "logits", 1, cache)
+def test_converted_logits_equal_hf_at_tp1_and_tp2_and_the_cache_is_made_once(model_dir, one_rank, tmp_path):
+    results, log1, cache = one_rank
+    tp1 = results["logits-tp1"]
     tp2, log2 = run_worker(tmp_path, megatron(model_dir, tensor_model_parallel_size=2), "logits", 2, cache)
     assert tp1["max_abs_diff"] < 1e-4 and tp2["max_abs_diff"] < 1e-4, (tp1, tp2)
     assert tp1["max_abs_logit"] > 0.1  # the comparison is not between near-zero tensors
