@@ -5,8 +5,8 @@ in a world of one rank (no torchrun), interleaved A/B.
     PYTHONPATH=. .venv/bin/python benchmarks/optimizer_step.py --reps 5 --steps 20
 
 Two backends load the same checkpoint and train on the same batch (16 samples of 12-17 tokens,
-the embedded SFT's sizes), one with the backend's optimizer, one with the same AdamW settings
-and `foreach=False`; each rep times `--steps` train steps of each, in turn. Prints the median
+the embedded SFT's sizes), one with the backend's optimizer, one with that optimizer switched to
+`foreach=False`; each rep times `--steps` train steps of each, in turn. Prints the median
 ms per train step and per optimizer step alone, and checks that both end with bitwise the same
 weights (foreach computes the same update, only in fewer calls).
 """
@@ -21,21 +21,12 @@ from pathlib import Path
 
 import torch
 
+from backend_variants import make_samples
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor import DTensorBackend
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import close_distributed, init_distributed
-from trainer_svc.types import NllLossConfig, Sample
-
-
-def batch(vocab_size: int, count: int = 16) -> list[Sample]:
-    gen = torch.Generator().manual_seed(0)
-    samples = []
-    for _ in range(count):
-        length = int(torch.randint(12, 18, (), generator=gen))
-        ids = tuple(torch.randint(4, vocab_size, (length,), generator=gen).tolist())
-        samples.append(Sample(ids, length - 4))
-    return samples
+from trainer_svc.types import NllLossConfig
 
 
 def timed(call, steps: int) -> float:
@@ -58,11 +49,10 @@ def main() -> None:
     env = init_distributed(600)
     settings = TrainerSettings(model_name=model_dir)
     backends = {"foreach": DTensorBackend(settings, env), "loop": DTensorBackend(settings, env)}
-    opt = settings.optimizer
-    loop = backends["loop"]
-    loop._optimizer = torch.optim.AdamW(loop._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                                        weight_decay=opt.weight_decay, foreach=False)
-    samples, loss = batch(backends["foreach"].vocab_size), NllLossConfig()
+    for group in backends["loop"]._optimizer.param_groups:  # read at each step: the same AdamW, per parameter
+        group["foreach"] = False
+    samples = make_samples({"num_samples": 16, "min_length": 12, "max_length": 17}, backends["foreach"].vocab_size)
+    loss = NllLossConfig()
     step_ms: dict[str, list[float]] = {name: [] for name in backends}
     optimizer_ms: dict[str, list[float]] = {name: [] for name in backends}
     for backend in backends.values():  # warm-up
