@@ -1,35 +1,107 @@
-"""One GRPO step (DESIGN.md): prompts -> rollouts -> rewards -> advantages -> train -> publish
-weights. The rollouts come from the rollout pipeline (coordinator/loop/pipeline.py): produced
-when the step asks for them (synchronous GRPO), or ahead, while earlier steps train, within
-grpo.async_grpo's age bound (async GRPO). Colocated on GPUs the generators sleep from the end of
-the rollouts to the publish (coordinator/loop/weights/phases.py); elsewhere that call does nothing."""
+"""GRPO (and DAPO), read top to bottom: `train_grpo` is the loop, `grpo_step` one step of it,
+`prepare_samples` the step's arithmetic between the rewards and the trainer.
+
+    for step in first..last:                                          train_grpo
+        rollouts   = the step's prompt groups, sampled and scored      loop/rollouts.py via loop/pipeline.py
+        samples    = rewards -> shaping, KL -> advantages, loss masks  prepare_samples
+        train      = one TrainStep on the trainer service              trainer_svc
+        publish    = the new weights to the generators                 loop/context.py
+        validate / checkpoint when their period comes                  the run (run/grpo_run.py)
+
+The rollouts come from the rollout pipeline: produced when the step asks for them (synchronous
+GRPO), or ahead, while earlier steps train, within grpo.async_grpo's age bound (async GRPO).
+Colocated on GPUs the generators sleep from the end of the rollouts to the publish
+(loop/weights/phases.py); elsewhere that call does nothing.
+
+From rewards to samples, each switched by its config key and nothing else:
+
+    rewards   = task rewards
+              + overlong penalty                      grpo.reward_shaping.enabled (algorithms/dapo.py)
+              - beta * sum_t KL_t(generator || ref)   loss_fn.use_kl_in_reward (beta: reference_policy_kl_penalty)
+    advantage = estimator(rewards), clipped           grpo.adv_estimator.name, grpo.advantage_clip
+    loss mask = 0 on truncated completions            grpo.overlong_filtering (algorithms/dapo.py)
+
+The KL in the reward uses the generator's logprobs of the sampled tokens as the policy side and
+the trainer's reference logprobs (one ComputeLogprobs call), with loss_fn's estimator and clamps.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
 
 import torch
 
-from coordinator.algorithms.dapo import draw_rollouts
-from coordinator.algorithms.grpo_samples import prepare_samples
+from coordinator.algorithms.dapo import loss_token_counts, overlong_loss_masks, overlong_penalties
+from coordinator.loop.advantages import build_advantage_fn, kl_penalized_rewards
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import check_drift
 from coordinator.loop.groups import RolloutGroups
-from coordinator.loop.multiturn import Episode, collect_episodes
 from coordinator.loop.pipeline import RolloutPipeline
+from coordinator.loop.rollouts import rollout_pipeline
 from coordinator.loop.scoring import per_task_metrics
-from tandem.generation.types import SamplingConfig
+from tandem.kl import kl_estimate
+from trainer_svc.types import Sample
+
+
+class StepRecorder(Protocol):
+    def over(self, steps: range) -> Iterator[int]:
+        """The steps, each after a liveness check of the run's services."""
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Log the step's metrics (metrics.jsonl, status, progress), with its wall time."""
+
+
+class GRPORun(Protocol):
+    """What the loop needs of the run around it (coordinator/run/grpo_run.py)."""
+
+    def steps(self, phase: str, total: int, *, done: int) -> AbstractContextManager[StepRecorder]:
+        """Record a phase's steps."""
+
+    def validate(self, ctx: LoopContext, step: int) -> float:
+        """Held-out accuracy of the published weights."""
+
+    def checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
+        """Save the trainer's state and the loop's after `step`."""
+
+    def service_restarts(self) -> int:
+        """Services relaunched so far."""
+
+    @property
+    def validates(self) -> bool:
+        """Whether the run has held-out examples to validate on."""
+
+
+def train_grpo(ctx: LoopContext, run: GRPORun, rollouts: RolloutPipeline, *, first_step: int = 1) -> None:
+    """GRPO steps first_step..grpo.max_num_steps."""
+    grpo, checkpointing = ctx.cfg.grpo, ctx.cfg.checkpointing
+    last = grpo.max_num_steps
+    rollouts.start(first_step, last)
+    with run.steps("grpo", last, done=first_step - 1) as steps:
+        for step in steps.over(range(first_step, last + 1)):
+            rewarding = ctx.reward_seconds  # async: reward calls of the batches rolled out meanwhile count too
+            metrics = grpo_step(ctx, step, rollouts)
+            metrics["time_reward_s"] = ctx.reward_seconds - rewarding
+            if run.validates and grpo.val_period and step % grpo.val_period == 0 and step < last:
+                ctx.wait_published()  # async: validate the step's own weights
+                metrics["val_accuracy"] = run.validate(ctx, step)
+            metrics["service_restarts"] = float(run.service_restarts())
+            if checkpointing.enabled and step % checkpointing.save_period == 0:
+                ctx.wait_published()  # the checkpoint records the version the generators serve
+                run.checkpoint(ctx, step, metrics, rollouts.cursor_after(step))
+            steps.record(step, metrics)
+    ctx.wait_published()
 
 
 def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = None) -> dict[str, float]:
-    """`rollouts`: the run's pipeline (started at its first step); None: a pipeline for this step alone."""
+    """One step: rollouts -> samples -> train -> publish. `rollouts`: the run's pipeline (started
+    at its first step); None: a pipeline for this step alone."""
     cfg, timings = ctx.cfg, PhaseTimes()
-    batch = (rollouts or grpo_pipeline(ctx)).take(step)  # generation and scoring (rollout_round)
+    batch = (rollouts or rollout_pipeline(ctx)).take(step)  # generation and scoring
     ctx.release_generators()  # no generation from here to the publish (colocated GPU generators sleep)
-    with timings("advantages"):  # reward shaping, KL in the reward, advantages, loss masks
+    with timings("advantages"):
         samples, advantage_metrics = prepare_samples(ctx, batch.rollouts)
     with timings("train"):
         result = ctx.services.trainer.train_step(samples, cfg.loss_fn.trainer_loss(),
@@ -53,36 +125,51 @@ def publish(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None) -> in
     return version
 
 
-def grpo_pipeline(ctx: LoopContext) -> RolloutPipeline:
-    """The run's rollout pipeline: each step's prompt groups by rollout_round (DAPO's dynamic
-    sampling when enabled), within grpo.async_grpo's age bound (0: synchronous)."""
-    grpo = ctx.cfg.grpo
+def prepare_samples(ctx: LoopContext, rollouts: RolloutGroups) -> tuple[list[Sample], dict[str, float]]:
+    """The trainer samples of `rollouts` (see the module docstring) and their metrics."""
+    cfg, grpo = ctx.cfg, ctx.cfg.grpo
+    rewards = rollouts.rewards_PG.to(torch.float32)
+    metrics: dict[str, float] = {}
+    shaping = grpo.reward_shaping
+    if shaping.enabled:
+        penalty = overlong_penalties(rollouts.lengths_PG(),
+                                     max_response_length=shaping.max_response_length or cfg.policy.generation.max_new_tokens,
+                                     buffer_length=shaping.overlong_buffer_length,
+                                     penalty=shaping.overlong_buffer_penalty)
+        rewards = rewards + penalty
+        metrics["overlong_penalty_mean"] = float(penalty.mean())
+    if cfg.loss_fn.use_kl_in_reward:
+        kl_PG = sequence_kl(ctx, rollouts)
+        rewards = kl_penalized_rewards(rewards, kl_PG, cfg.loss_fn.reference_policy_kl_penalty)
+        metrics["kl_in_reward_mean"] = float(kl_PG.mean())
+    masks = [e.loss_mask for group in rollouts.groups for e in group]
+    if grpo.overlong_filtering:
+        masks = overlong_loss_masks(rollouts)
+        metrics["overlong_filtered_samples"] = float(sum(e.finish_reason == "length"
+                                                         for group in rollouts.groups for e in group))
+    counts = loss_token_counts(rollouts, masks)
+    estimator = grpo.adv_estimator
+    advantage_fn = build_advantage_fn(estimator.name, leave_one_out=grpo.use_leave_one_out_baseline,
+                                      normalize=grpo.normalize_rewards, minus_baseline=estimator.minus_baseline,
+                                      clip=grpo.advantage_clip)
+    advantages = advantage_fn(rewards, counts)
+    metrics.update(reward_shaped_mean=float(rewards.mean()), advantage_abs_mean=float(advantages.abs().mean()))
+    return rollouts.samples(advantages, masks), metrics
 
-    def produce(step: int, num_groups: int) -> tuple[RolloutGroups, dict[str, float]]:
-        return draw_rollouts(grpo, lambda r, n: rollout_round(ctx, step, r, n), num_groups)
 
-    return RolloutPipeline(produce, grpo.num_prompts_per_step, max_age=grpo.async_grpo.max_age,
-                           trainer_version=lambda: ctx.trainer_version, cursor_state=lambda: ctx.cursor.state(),
-                           log=ctx.log, stopping=ctx.stopping)
-
-
-def rollout_round(ctx: LoopContext, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
-    """The next `num_prompts` prompts, rolled out and scored (one round of dynamic sampling)."""
-    batch = ctx.cursor.next_batch(num_prompts)
-    prompts = [list(e.prompt_ids) for e in batch]
-    sampling = step_sampling(ctx, step)
-    if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
-        sampling = replace(sampling, seed=sampling.seed + round_index * 7919)
-    groups = collect_episodes(ctx, batch, prompts, sampling)
-    return RolloutGroups(batch, prompts, groups, *_rewards(groups))
-
-
-def step_sampling(ctx: LoopContext, step: int) -> SamplingConfig:
-    """The step's sampling: the config's, seeded by (grpo.seed, step) so a resumed run repeats it."""
-    gen = ctx.cfg.policy.generation
-    return SamplingConfig(n=ctx.cfg.grpo.num_generations_per_prompt, temperature=gen.temperature, top_p=gen.top_p,
-                          top_k=gen.top_k if gen.top_k is not None else -1, max_tokens=gen.max_new_tokens,
-                          seed=ctx.cfg.grpo.seed * 1_000_003 + step * 100_003)
+def sequence_kl(ctx: LoopContext, rollouts: RolloutGroups) -> torch.Tensor:
+    """(P, G): per completion, the sum over its tokens of the KL estimate of the generating
+    policy against the trainer's reference policy."""
+    loss = ctx.cfg.loss_fn
+    samples = rollouts.samples()
+    reference = ctx.services.trainer.logprobs(samples, policy="reference",
+                                              micro_batch_size=ctx.cfg.policy.logprob_batch_size)
+    totals = []
+    for s, ref in zip(samples, reference):  # only the model's own tokens (multi-turn masks skip the environment's)
+        kl = kl_estimate(torch.tensor(s.generation_logprobs), torch.tensor(ref), loss.reference_policy_kl_type,
+                         input_clamp=loss.kl_input_clamp_value, output_clamp=loss.kl_output_clamp_value)
+        totals.append(float(kl.sum() if s.loss_mask is None else (kl * torch.tensor(s.loss_mask)).sum()))
+    return torch.tensor(totals, dtype=torch.float32).view(rollouts.rewards_PG.shape)
 
 
 def rollout_metrics(rollouts: RolloutGroups) -> dict[str, float]:
@@ -115,10 +202,3 @@ class PhaseTimes:
             yield
         finally:
             self.metrics[f"time_{phase}_s"] = time.perf_counter() - started
-
-
-def _rewards(groups: list[list[Episode]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[P, G] episode returns and correctness."""
-    rewards = torch.tensor([[e.reward for e in group] for group in groups], dtype=torch.float32)
-    correct = torch.tensor([[e.correct for e in group] for group in groups])
-    return rewards, correct

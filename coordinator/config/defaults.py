@@ -87,7 +87,7 @@ def _default_task(env: dict) -> str:
     return next(iter(env))
 
 
-def check_lengths(cfg) -> None:
+def check_length_keys(cfg) -> None:
     """New tokens leave room for a prompt; nothing exceeds the model's context. ValueError naming the keys."""
     policy, generation = cfg.policy, cfg.policy.generation
     total, new = policy.max_total_sequence_length, generation.max_new_tokens

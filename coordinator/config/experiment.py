@@ -11,7 +11,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from coordinator.config.algorithms import GRPOConfig, LossConfig, SFTConfig
 from coordinator.config.data import DataConfig
-from coordinator.config.defaults import check_lengths, derived_defaults
+from coordinator.config.defaults import check_length_keys, derived_defaults
 from coordinator.config.env import EnvConfig
 from coordinator.config.policy import PolicyConfig
 from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
@@ -44,7 +44,7 @@ class ExperimentConfig(Section):
         replaced, self._derived = derived_defaults(self)
         for name, section in replaced.items():
             object.__setattr__(self, name, section)
-        check_lengths(self)
+        check_length_keys(self)
         return self
 
     @property

@@ -25,9 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from coordinator.data.examples import Example
-from coordinator.loop import rollout
-from reward_svc.types import ScoreItem, ScoreResult, StepItem, StepResult, Turn
+from reward_svc.types import ScoreResult, StepItem, StepResult, Turn
 from tandem.generation.types import Completion, SamplingConfig
 
 OBSERVATION_LOGPROB = 0.0
@@ -142,35 +140,3 @@ def run_episodes(prompts: list[list[int]], texts: list[tuple[str, str, str]], sa
 def multi_turn_tasks(env_config: dict) -> set[str]:
     """The tasks of `env.*` whose scorer is a multi-turn environment."""
     return {task for task, env in env_config.items() if env.scorer.multi_turn}
-
-
-def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Episode]]:
-    """Roll out and score a batch that may mix tasks: single-turn tasks are generated once and
-    scored (Score), multi-turn ones run episodes (Step); per prompt, its n episodes, in the
-    batch's order. ctx: a coordinator.algorithms.context.LoopContext."""
-    cfg = ctx.cfg
-
-    def generate(prompt_ids: list[list[int]], params: SamplingConfig) -> list[list[Completion]]:
-        return rollout.generate(prompt_ids, params, ctx.generators, ctx.services.generator_failed, ctx.log,
-                                present=ctx.services.generator_present)
-
-    rewards = ctx.rewards()
-    multi = multi_turn_tasks(cfg.env)
-    groups: list[list[Episode]] = [[] for _ in batch]
-    single = [i for i, e in enumerate(batch) if e.task not in multi]
-    if single:
-        completions = generate([prompts[i] for i in single], sampling)
-        items = [ScoreItem(batch[i].task, batch[i].prompt, ctx.tokens.decode(c.token_ids), batch[i].answer)
-                 for i, group in zip(single, completions) for c in group]
-        results = iter(rewards.score(items))
-        for i, group in zip(single, completions):
-            groups[i] = [Episode.single_turn(batch[i].task, c, next(results)) for c in group]
-    max_total_tokens = min(cfg.policy.generation.vllm_cfg.max_model_len, cfg.policy.max_total_sequence_length)
-    for task in sorted(multi & {e.task for e in batch}):
-        indices = [i for i, e in enumerate(batch) if e.task == task]
-        episodes = run_episodes([prompts[i] for i in indices], [(task, batch[i].prompt, batch[i].answer) for i in indices],
-                                sampling, generate, rewards, ctx.tokens, max_turns=cfg.env[task].max_turns,
-                                max_total_tokens=max_total_tokens)
-        for i, group in zip(indices, episodes):
-            groups[i] = group
-    return groups

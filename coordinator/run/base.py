@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import yaml
@@ -46,6 +46,8 @@ class RunBase:
         self.last_validation: dict[str, float] = {}
         """The metrics of the latest held-out check."""
         self._started = time.perf_counter()
+        self.cluster: LocalCluster | None = None
+        """The run's services, while they run."""
 
     def _sink_failed(self, name: str, exc: Exception) -> None:
         self.log.warning("metric_sink_dropped", sink=name, error=f"{type(exc).__name__}: {exc}"[:500])
@@ -76,6 +78,7 @@ class RunBase:
 
         with self.progress.waiting(f"{verb} {waiting_on}", describe):
             services = cluster.__enter__()  # stops whatever it started if start-up fails
+        self.cluster = cluster
         try:
             self.timings["startup_s"] = time.perf_counter() - self._started
             self.progress.note(f"services up in {self.timings['startup_s']:.1f}s")
@@ -84,6 +87,7 @@ class RunBase:
             if self.cfg.cluster.launch == "external":  # started by someone else: they leave by themselves
                 dismiss_services(cluster.registry, DISMISS_TIMEOUT_S, self.log)
             cluster.close()
+            self.cluster = None
             self.metrics.close()
 
     def _clock(self) -> tuple[float, float]:
@@ -118,37 +122,59 @@ class RunBase:
         count = f"{int(result['num_samples'])} samples, " if "num_samples" in result else ""
         self.progress.note(f"held-out check at {of} step {step}: accuracy {result['accuracy']:.1%} ({count}{seconds:.1f}s)")
 
-    def _loop(self, phase: str, num_steps: int, step_fn: Callable[[int], dict], check_alive: Callable[[], None],
-              stop: Callable[[dict], bool] = lambda metrics: False, first_step: int = 1,
-              counted: Callable[[int, dict], int] | None = None, total: int | None = None) -> None:
-        """Run step_fn(i) for i in first_step..num_steps with progress; log each row with its wall
-        time per step (`time_step_s`). counted(i, metrics): the phase's step after call i, when one
-        call runs several steps (SFT chunks); rows, status and progress count those, out of `total`."""
-        total = total or num_steps
-        done = first_step - 1 if counted is None else 0
+    @contextmanager
+    def steps(self, phase: str, total: int, *, done: int = 0) -> Iterator[PhaseSteps]:
+        """Record a phase's steps (the phase's step `done` is the last one already taken)."""
         self.status.update(phase=phase, step=done, total_steps=total)
         with self.progress.phase(phase, total, completed=done) as bar:
-            for index in range(first_step, num_steps + 1):
-                check_alive()
-                self.status.update(phase=phase)
-                started = time.perf_counter()
-                metrics = step_fn(index)
-                step = counted(index, metrics) if counted is not None else index
-                metrics.setdefault("time_step_s", (time.perf_counter() - started) / max(step - done, 1))
-                done = step
-                self.metrics.log(phase, step, metrics)
-                self.status.update(step=step, last_metrics=metrics)
-                self.log.info("step", phase=phase, step=step, **{k: round(v, 5) for k, v in metrics.items()})
-                if "first_step_s" not in self.timings:  # how long the run took to do any training
-                    self.timings["first_step_s"] = time.perf_counter() - self._started
-                    steps = f"step {step}" if step == first_step else f"steps {first_step}-{step}"  # a chunk
-                    self.progress.note(f"first {phase} {steps} done {self.timings['first_step_s']:.1f}s after the "
-                                       "run began")
-                finished = stop(metrics)
-                bar.update(step, _describe(metrics), total=step if finished else None)
-                if finished:
-                    self.status.update(total_steps=step)
-                    break
+            yield PhaseSteps(self, phase, bar, done)
+
+    def service_restarts(self) -> int:
+        """Services relaunched so far (0 before the services start)."""
+        return sum(self.cluster.launcher.restarts.values()) if self.cluster is not None else 0
+
+    def check_alive(self) -> None:
+        """Raise if a service the run started has died beyond recovery."""
+        if self.cluster is not None:
+            self.cluster.launcher.check()
+
+
+class PhaseSteps:
+    """One phase's steps as the run records them: before each, a liveness check; after each,
+    its metrics row (metrics.jsonl, with its wall time per step `time_step_s`), the status that
+    `tandem status` shows, a log line and the progress display."""
+
+    def __init__(self, run: RunBase, phase: str, bar, done: int):
+        self.run, self.phase, self.bar, self.done = run, phase, bar, done
+        self._started = time.perf_counter()
+
+    def over(self, steps: Iterable[int]) -> Iterator[int]:
+        """`steps`, each after a liveness check of the run's services."""
+        for step in steps:
+            self.begin()
+            yield step
+
+    def begin(self) -> None:
+        self.run.check_alive()
+        self.run.status.update(phase=self.phase)
+        self._started = time.perf_counter()
+
+    def record(self, step: int, metrics: dict[str, float], *, last: bool = False) -> None:
+        """Log step `step` (a call that ran several steps, an SFT chunk, records its last one);
+        `last`: the phase ends here, before its planned total."""
+        run, first = self.run, self.done + 1
+        metrics.setdefault("time_step_s", (time.perf_counter() - self._started) / max(step - self.done, 1))
+        self.done = step
+        run.metrics.log(self.phase, step, metrics)
+        run.status.update(step=step, last_metrics=metrics)
+        run.log.info("step", phase=self.phase, step=step, **{k: round(v, 5) for k, v in metrics.items()})
+        if "first_step_s" not in run.timings:  # how long the run took to do any training
+            run.timings["first_step_s"] = time.perf_counter() - run._started
+            steps = f"step {step}" if step == first else f"steps {first}-{step}"  # a chunk
+            run.progress.note(f"first {self.phase} {steps} done {run.timings['first_step_s']:.1f}s after the run began")
+        self.bar.update(step, _describe(metrics), total=step if last else None)
+        if last:
+            run.status.update(total_steps=step)
 
 
 def _describe(metrics: dict[str, float]) -> str:

@@ -9,25 +9,22 @@ from rich.console import Console
 
 from coordinator.cluster.local import HostedService
 from coordinator.config import ExperimentConfig
-from coordinator.data.model_checks import check_model
+from coordinator.preflight import check_inputs
 from coordinator.run import resume as resuming
 from coordinator.run.base import RunBase
-from coordinator.run.inputs import check_inputs
 
 
 def create_run(cfg: ExperimentConfig, console: Console | None = None, resume: bool | None = False,
                hosted: Sequence[HostedService] = ()) -> RunBase:
     """resume: True continues logger.run_name from its latest checkpoint; None does so only if
-    that run has one and did not finish (rollout runs only). Every input is checked first: the
-    files and paths a run reads and writes (coordinator/run/inputs.py), then the checkpoint and
-    prompts against the config (coordinator/data/model_checks.py); a problem is a ConfigError
-    before anything is created or started."""
+    that run has one and did not finish (rollout runs only). Every input is checked first
+    (coordinator/preflight/inputs.py): a problem is a ConfigError before anything is created or
+    started."""
     if resume and not cfg.algorithm.uses_rollouts:
         raise ValueError(f"--resume is not supported for {cfg.algorithm.value} runs yet; start a new run")
     if resume:
         resuming.find_for(cfg)  # NothingToResume (RunFinished) before anything else
     check_inputs(cfg, console)
-    check_model(cfg)
     if cfg.algorithm.uses_rollouts:
         from coordinator.run.grpo_run import Run
 

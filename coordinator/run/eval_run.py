@@ -23,11 +23,11 @@ from coordinator.cluster.services import GeneratorHandle, Services
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
+from coordinator.embedded.inputs import prepare_inputs
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.validation import validate
 from coordinator.run.base import RunBase
-from coordinator.run.paths import prepare_inputs
 
 
 def is_loop_checkpoint(path: Path) -> bool:

@@ -76,7 +76,8 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None) -> Export:
     the log goes to <run>/logs/export.log."""
     from coordinator.cluster.local import LocalCluster
     from coordinator.config import load_config
-    from coordinator.run.paths import prepare_inputs, token_file
+    from coordinator.embedded.inputs import prepare_inputs
+    from coordinator.run.paths import token_file
     from tandem.logs import file_logger
 
     run_dir = Path(run_dir).resolve()

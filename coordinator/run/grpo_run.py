@@ -27,6 +27,7 @@ from coordinator.cluster.services import Services
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read_examples
 from coordinator.data.tokens import Tokens
+from coordinator.embedded.inputs import prepare_inputs
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.loop.validation import validate
@@ -35,7 +36,6 @@ from coordinator.run import resume as resuming
 from coordinator.run.base import RunBase
 from coordinator.run.export import export_hf
 from coordinator.run.metrics import plot_curves
-from coordinator.run.paths import prepare_inputs
 from tandem.rpc import RpcFailure
 
 
@@ -51,6 +51,7 @@ class Run(RunBase):
         super().__init__(cfg, console, hosted)
         self.accuracy_before: float | None = None
         self.sft_steps = 0
+        self._val: list[Example] = []  # the held-out examples GRPO validates on
 
     def execute(self) -> dict:
         cfg = self.cfg
@@ -76,20 +77,20 @@ class Run(RunBase):
 
     def _phases(self, services: Services, model_dir: str, tokens: Tokens, train: list[Example], val: list[Example],
                 cluster: LocalCluster) -> dict:
-        cfg, log, check_alive = self.cfg, self.log, cluster.launcher.check
-        ctx = LoopContext.connect(cfg, services, tokens, train, cfg.sft.seed, log, versions=self.status.versions)
+        cfg, self._val = self.cfg, val
+        ctx = LoopContext.connect(cfg, services, tokens, train, cfg.sft.seed, self.log, versions=self.status.versions)
         resumed = self._resume(ctx) if self.resume_from is not None else None
 
         summary: dict = {"run_dir": str(self.run_dir), "model": model_dir}
         clock = self._clock()
-        accuracy_start = self._warm_start(ctx, val, check_alive) if cfg.sft.max_num_steps and not resumed else None
+        accuracy_start = self._warm_start(ctx) if cfg.sft.max_num_steps and not resumed else None
         self._stop_clock("sft_s", clock)
         clock = self._clock()
         if resumed is not None:
             accuracy_start = resumed.accuracy_before
         elif accuracy_start is None and val and cfg.grpo.val_at_start:
             ctx.publish()
-            accuracy_start = self._validate(ctx, val, step=0)
+            accuracy_start = self.validate(ctx, 0)
         elif accuracy_start is not None:
             self.metrics.log("val", 0, dict(self.last_validation))  # GRPO's starting point: the last SFT check
         summary["accuracy_before"] = self.accuracy_before = accuracy_start
@@ -97,8 +98,8 @@ class Run(RunBase):
         if resumed is not None:
             ctx.cursor.load_state(resumed.cursor)
         if cfg.grpo.max_num_steps:
-            self._grpo(ctx, train, val, cluster, first_step=resumed.step + 1 if resumed else 1)
-        accuracy_end = self._validate(ctx, val, step=cfg.grpo.max_num_steps) if val else None
+            self._grpo(ctx, train, cluster, first_step=resumed.step + 1 if resumed else 1)
+        accuracy_end = self.validate(ctx, cfg.grpo.max_num_steps) if val else None
         self._stop_clock("grpo_s", clock)
         summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
                        samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
@@ -109,45 +110,33 @@ class Run(RunBase):
             summary["plot"] = str(plot_curves(self.metrics.history, self.run_dir / "curves.png", self.run_dir.name))
         return summary
 
-    def _grpo(self, ctx: LoopContext, train, val, cluster: LocalCluster, first_step: int) -> None:
-        """The GRPO steps over the rollout pipeline (synchronous, or async within its age bound); a
+    def _grpo(self, ctx: LoopContext, train, cluster: LocalCluster, first_step: int) -> None:
+        """The GRPO loop (coordinator/algorithms/grpo.py train_grpo) over the rollout pipeline; a
         trainer that dies is relaunched and the loop resumes from the last checkpoint (at most
         cluster.max_trainer_restarts times)."""
         # Imported here: the algorithms import torch (~1 s), which the services' launch need not
         # wait for (tests/unit/coordinator/test_launch_imports.py); read_data imported them meanwhile.
-        from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
+        from coordinator.algorithms.grpo import train_grpo
+        from coordinator.loop.rollouts import rollout_pipeline
 
-        cfg, rollouts = self.cfg, grpo_pipeline(ctx)
-
-        def step_fn(step: int) -> dict:
-            rewarding = ctx.reward_seconds  # async: reward calls of the batches rolled out meanwhile count too
-            metrics = grpo_step(ctx, step, rollouts)
-            metrics["time_reward_s"] = ctx.reward_seconds - rewarding
-            if val and cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and step < cfg.grpo.max_num_steps:
-                ctx.wait_published()  # async: validate the step's own weights
-                metrics["val_accuracy"] = self._validate(ctx, val, step)
-            metrics["service_restarts"] = float(sum(cluster.launcher.restarts.values()))
-            if cfg.checkpointing.enabled and step % cfg.checkpointing.save_period == 0:
-                ctx.wait_published()  # the checkpoint records the version the generators serve
-                self._checkpoint(ctx, step, metrics, rollouts.cursor_after(step))
-            return metrics
-
-        restarts = 0
+        rollouts, restarts = rollout_pipeline(ctx), 0
         while True:
-            rollouts.start(first_step, cfg.grpo.max_num_steps)
             try:
-                self._loop("grpo", cfg.grpo.max_num_steps, step_fn, cluster.launcher.check, first_step=first_step)
-                ctx.wait_published()
+                train_grpo(ctx, self, rollouts, first_step=first_step)
                 return
             except Exception as exc:
-                if restarts >= cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services, cluster.launcher,
-                                                                                      exc):
+                if restarts >= self.cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services,
+                                                                                         cluster.launcher, exc):
                     raise
                 restarts += 1
                 rollouts.stop()
                 first_step = self._restart_trainer(ctx, train, cluster, exc) + 1
             finally:
                 rollouts.stop()
+
+    @property
+    def validates(self) -> bool:
+        return bool(self._val)
 
     def _restart_trainer(self, ctx: LoopContext, train, cluster: LocalCluster, exc: Exception) -> int:
         """Relaunch the dead trainer, load the last checkpoint into it, publish the restored
@@ -171,42 +160,38 @@ class Run(RunBase):
                       relaunch_s=round(relaunched, 3), restart_to_resume_s=round(time.perf_counter() - started, 3))
         return state.step
 
-    def _warm_start(self, ctx: LoopContext, val, check_alive) -> float | None:
+    def _warm_start(self, ctx: LoopContext) -> float | None:
         """SFT in calls of sft.val_period steps; after each, publish and check held-out
         accuracy, stopping once it reaches sft.stop_at_accuracy. Returns the last accuracy."""
         cfg = self.cfg.sft
         done, accuracy = 0, None
-        chunks = -(-cfg.max_num_steps // cfg.val_period)
-
-        def chunk(_: int) -> dict:
-            nonlocal done, accuracy
-            size = min(cfg.val_period, cfg.max_num_steps - done)
-            metrics = sft_steps(ctx, size)
-            done += size
-            ctx.publish()
-            if val:
-                accuracy = metrics["val_accuracy"] = self._validate(ctx, val, step=done, phase="sft_val")
-            metrics["sft_steps"] = float(done)
-            metrics["weight_version"] = float(ctx.publisher.version)
-            return metrics
-
-        def finished(metrics: dict) -> bool:
-            return cfg.stop_at_accuracy is not None and metrics.get("val_accuracy", 0.0) >= cfg.stop_at_accuracy
-
-        self._loop("sft", chunks, chunk, check_alive, stop=finished, counted=lambda _, m: int(m["sft_steps"]),
-                   total=cfg.max_num_steps)
+        with self.steps("sft", cfg.max_num_steps) as steps:
+            for _ in steps.over(range(-(-cfg.max_num_steps // cfg.val_period))):
+                size = min(cfg.val_period, cfg.max_num_steps - done)
+                metrics = sft_steps(ctx, size)
+                done += size
+                ctx.publish()
+                if self._val:
+                    accuracy = metrics["val_accuracy"] = self.validate(ctx, done, phase="sft_val")
+                metrics["sft_steps"] = float(done)
+                metrics["weight_version"] = float(ctx.publisher.version)
+                reached = cfg.stop_at_accuracy is not None and metrics.get("val_accuracy", 0.0) >= cfg.stop_at_accuracy
+                steps.record(done, metrics, last=reached)
+                if reached:
+                    break
         self.sft_steps = done
         self.log.info("warm_start_done", sft_steps=done, accuracy=accuracy)
         return accuracy
 
-    def _validate(self, ctx: LoopContext, val, step: int, phase: str = "val") -> float:
+    def validate(self, ctx: LoopContext, step: int, *, phase: str = "val") -> float:
+        """Held-out accuracy of the published weights on the run's validation set."""
         self.status.update(phase="validate")
         started, samples = time.perf_counter(), []
-        result = validate(ctx, val, self.cfg.policy.generation.max_new_tokens, samples=samples)
+        result = validate(ctx, self._val, self.cfg.policy.generation.max_new_tokens, samples=samples)
         self._record_validation(phase, step, result, time.perf_counter() - started, samples)
         return result["accuracy"]
 
-    def _checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
+    def checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
         """`cursor`: the data cursor after this step's prompts (later steps' may be drawn already)."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
         row = {"phase": "grpo", "step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}

@@ -23,10 +23,10 @@ from coordinator.config.preference import Algorithm
 from coordinator.data.examples import PromptCursor
 from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
+from coordinator.embedded.inputs import prepare_inputs
 from coordinator.run.base import RunBase
 from coordinator.run.export import export_hf
 from coordinator.run.metrics import plot_curves
-from coordinator.run.paths import prepare_inputs
 from trainer_svc.client import TrainerClient
 
 
@@ -47,12 +47,12 @@ class PreferenceRun(RunBase):
         model_dir, train_path, val_path = prepare_inputs(cfg)
         train = read_pairs(train_path, cfg.data)
         val = read_pairs(val_path, cfg.data) if val_path else []
-        with self._services(model_dir, "the trainer") as (services, cluster):
-            summary = self._train(services.trainer, model_dir, train, val, cluster.launcher.check)
+        with self._services(model_dir, "the trainer") as (services, _):
+            summary = self._train(services.trainer, model_dir, train, val)
         return self._finish(summary)
 
     def _train(self, trainer: TrainerClient, model_dir: str, train: list[PreferencePair],
-               val: list[PreferencePair], check_alive) -> dict:
+               val: list[PreferencePair]) -> dict:
         cfg, phase = self.cfg, self.cfg.algorithm.value
         section = cfg.dpo if cfg.algorithm is Algorithm.DPO else cfg.rm
         ctx = PreferenceContext(cfg, trainer, Tokens(model_dir), PromptCursor(train, section.seed), self.log)
@@ -67,14 +67,13 @@ class PreferenceRun(RunBase):
         step_fn = dpo_step if cfg.algorithm is Algorithm.DPO else rm_step
         clock = self._clock()
 
-        def run_step(step: int) -> dict:
-            metrics = step_fn(ctx)
-            period = cfg.dpo.val_period if validator else 0
-            if period and step % period == 0 and step < num_steps:
-                metrics["val_accuracy"] = self._validate_pairs(validator, step)
-            return metrics
-
-        self._loop(phase, num_steps, run_step, check_alive)
+        period = cfg.dpo.val_period if validator else 0
+        with self.steps(phase, num_steps) as steps:
+            for step in steps.over(range(1, num_steps + 1)):
+                metrics = step_fn(ctx)
+                if period and step % period == 0 and step < num_steps:
+                    metrics["val_accuracy"] = self._validate_pairs(validator, step)
+                steps.record(step, metrics)
         self._stop_clock(f"{phase}_s", clock)
         if validator is not None:
             summary["val_accuracy_after"] = self._validate_pairs(validator, num_steps)

@@ -8,7 +8,8 @@ import math
 import pytest
 import structlog
 
-from coordinator.algorithms.grpo import grpo_pipeline, grpo_step
+from coordinator.algorithms.grpo import grpo_step
+from coordinator.loop.rollouts import rollout_pipeline
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
 from coordinator.config import ConfigError, load_config
@@ -85,7 +86,7 @@ def test_async_grpo_trains_off_policy_within_the_age_bound(loop, tmp_path):
     examples = read_examples(ensure_arithmetic_dataset(tmp_path, 1, 500, 16)[0], cfg.data, ctx.tokens)
     actx = LoopContext.connect(cfg, ctx.services, ctx.tokens, examples, 0, structlog.get_logger(),
                                versions=ctx.publisher.versions)
-    rollouts = grpo_pipeline(actx)
+    rollouts = rollout_pipeline(actx)
     start = actx.publisher.version
     rollouts.start(1, 4)
     try:

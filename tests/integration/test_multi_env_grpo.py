@@ -25,7 +25,7 @@ from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import make_arithmetic_splits, write_jsonl
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.loop.context import LoopContext
-from coordinator.loop.multiturn import collect_episodes
+from coordinator.loop.rollouts import collect_episodes
 from tandem.generation.types import SamplingConfig
 from tests import procs
 

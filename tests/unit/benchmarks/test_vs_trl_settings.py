@@ -16,8 +16,9 @@ from rl_bench import HEAVY_SPEC, write_task
 from vs_trl_settings import SharedSettings, tandem_overrides, trl_kwargs
 
 from coordinator.config import load_config
-from coordinator.data.model_checks import check_model
 from coordinator.embedded.tiny_model import DEFAULT_SPEC, build_char_tokenizer, build_config
+from coordinator.preflight import Preflight
+from coordinator.preflight.model import check_model
 
 TINY = SharedSettings()
 HEAVY = SharedSettings(num_steps=10, max_new_tokens=64, max_total_length=128)
@@ -67,7 +68,8 @@ def test_the_tandem_overrides_load_and_agree_with_the_trl_arguments(tmp_path, se
     model_dir = _write_model(tmp_path / "model", spec)
     task = write_task(tmp_path / "task", num_val=100)
     cfg = load_config(overrides=_overrides(settings, model_dir, tmp_path / "task"))
-    check_model(cfg)  # the lengths fit the model and vLLM's bounds, before any service starts
+    checks = Preflight(cfg, model_dir=str(model_dir), model_config=check_model(cfg))  # a model without weights
+    checks.data()  # the lengths fit the model and vLLM's bounds, before any service starts
     trl = trl_kwargs(settings, "out")
     policy, loss = cfg.policy, cfg.loss_fn
     pairs = [  # (Tandem's value, TRL's value) for each pair of corresponding keys

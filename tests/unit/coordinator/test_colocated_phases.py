@@ -16,6 +16,7 @@ from coordinator.cluster.services import GeneratorHandle
 from coordinator.cluster.specs import generator_settings
 from coordinator.config import ConfigError, load_config
 from coordinator.data.examples import Example
+from coordinator.loop import rollouts as rollouts_module
 from coordinator.loop.context import LoopContext
 from coordinator.loop.multiturn import Episode
 from tandem.generation.types import GeneratorInfo
@@ -122,7 +123,7 @@ def _fake_collect(ctx, batch, prompts, sampling):
 
 
 def _loop(monkeypatch, colocated, device_type, dies_on_sleep=False):
-    monkeypatch.setattr(grpo_module, "collect_episodes", _fake_collect)
+    monkeypatch.setattr(rollouts_module, "collect_episodes", _fake_collect)
     cfg = load_config(overrides=["policy.train_global_batch_size=4", "grpo.num_prompts_per_step=2",
                                  "grpo.num_generations_per_prompt=2", "cluster.num_generators=2",
                                  f"policy.generation.colocated.enabled={str(colocated).lower()}"])

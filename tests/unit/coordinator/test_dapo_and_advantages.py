@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from coordinator.algorithms import grpo as grpo_module
-from coordinator.algorithms.dapo import DynamicSamplingExhausted, dynamic_sampling, overlong_penalties
-from coordinator.algorithms.grpo_samples import prepare_samples
+from coordinator.algorithms.dapo import overlong_penalties
+from coordinator.algorithms.grpo import prepare_samples
 from coordinator.config import ConfigError, load_config
 from coordinator.data.examples import Example
+from coordinator.loop import rollouts as rollouts_module
 from coordinator.loop.advantages import (
     build_advantage_fn,
     clip_advantages,
@@ -21,6 +22,7 @@ from coordinator.loop.advantages import (
 )
 from coordinator.loop.groups import RolloutGroups
 from coordinator.loop.multiturn import Episode
+from coordinator.loop.rollouts import DynamicSamplingExhausted, dynamic_sampling
 from trainer_svc.types import StepResult
 
 
@@ -151,7 +153,7 @@ def test_grpo_step_with_dynamic_sampling_logs_its_counters(monkeypatch):
         rewards = next(draws)
         return _rollouts(rewards).groups
 
-    monkeypatch.setattr(grpo_module, "collect_episodes", fake_collect)
+    monkeypatch.setattr(rollouts_module, "collect_episodes", fake_collect)
     trainer = _FakeTrainer()
     ctx = _ctx(["grpo.use_dynamic_sampling=true", "grpo.dynamic_sampling_max_gen_batches=2"], trainer)
     ctx.cursor = SimpleNamespace(next_batch=lambda n: [Example(f"q{i}", "a", "t", (1, i)) for i in range(n)],

@@ -1,5 +1,5 @@
-"""The checks made before a run starts anything (coordinator/config/checks.py, data/model_files.py,
-data/validate.py, data/examples.py, config/loading.py), and the cause line of a dead service's
+"""The checks made before a run starts anything (coordinator/preflight/: machine.py, model_files.py,
+data.py, lengths.py; coordinator/data/examples.py, config/loading.py), and the cause line of a dead service's
 log (coordinator/cluster/log_cause.py), on files made here."""
 
 import json
@@ -10,11 +10,12 @@ import pytest
 
 from coordinator.cluster.log_cause import cause_line
 from coordinator.config import ConfigError, load_config
-from coordinator.config.checks import check_kv_cache_memory, check_machine, check_writable_dir
+from coordinator.preflight.machine import check_kv_cache_memory, check_machine, check_writable_dir
 from coordinator.data.examples import Example, read_examples
-from coordinator.data.model_files import check_model_dir
+from coordinator.preflight.model_files import check_model_dir
 from coordinator.data.tokens import Tokens
-from coordinator.data.validate import check_lengths, load_examples, measure_prompts
+from coordinator.preflight.data import load_examples
+from coordinator.preflight.lengths import check_lengths, measure_examples
 from coordinator.embedded.tiny_model import build_char_tokenizer
 
 
@@ -126,18 +127,18 @@ def test_a_data_path_that_is_a_directory_or_missing_is_named(tmp_path, tokens):
 def test_prompt_lengths_against_what_generators_and_the_trainer_take():
     examples = [Example("x" * n, "1", "arithmetic", tuple(range(n + 1))) for n in (5, 5, 5, 40)]
     cfg = load_config(overrides=["policy.generation.max_new_tokens=4"])  # max_model_len 64, max_total 64
-    assert check_lengths(cfg, measure_prompts(cfg, examples, "train")) is None
+    assert check_lengths(cfg, measure_examples(cfg, examples, "train")) is None
     cfg = load_config(overrides=["policy.generation.max_new_tokens=30"])
     with pytest.raises(ConfigError, match=r"1 of 4 prompts are too long for the generators.*at least 71"):
-        check_lengths(cfg, measure_prompts(cfg, examples, "train"))
+        check_lengths(cfg, measure_examples(cfg, examples, "train"))
     cfg = load_config(overrides=["policy.max_total_sequence_length=20",
                                  "policy.generation.vllm_cfg.max_model_len=64"])
-    warning = check_lengths(cfg, measure_prompts(cfg, examples, "train"))
+    warning = check_lengths(cfg, measure_examples(cfg, examples, "train"))
     assert warning and "1 of 4 prompts (25%)" in warning and "at least 45" in warning
     cfg = load_config(overrides=["policy.max_total_sequence_length=4", "policy.generation.max_new_tokens=2",
                                  "policy.generation.vllm_cfg.max_model_len=64"])
     with pytest.raises(ConfigError, match=r"4 of 4 prompts \(100%\).*data\.max_truncated_fraction"):
-        check_lengths(cfg, measure_prompts(cfg, examples, "train"))
+        check_lengths(cfg, measure_examples(cfg, examples, "train"))
 
 
 @pytest.mark.parametrize("override, message", [

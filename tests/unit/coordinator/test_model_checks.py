@@ -1,6 +1,6 @@
-"""Early model checks (coordinator/data/model_checks.py): every failure is a ConfigError naming the
-key or file and what to change, raised by check_model, which every run calls before any service
-starts (coordinator/run/create.py)."""
+"""Early model checks (coordinator/preflight/model.py): every failure is a ConfigError naming the
+key or file and what to change, raised by the model and data stages of the pre-flight checks, which
+every run makes before any service starts (coordinator/preflight/inputs.py)."""
 
 import json
 
@@ -8,8 +8,10 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from coordinator.config import ConfigError, load_config
-from coordinator.data import model_checks as mc
+from coordinator.embedded.inputs import prepare_model
 from coordinator.embedded.tiny_model import build_tiny_model
+from coordinator.preflight import Preflight
+from coordinator.preflight import model as mc
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,9 @@ def load(model, *overrides):
 
 def checked(*overrides):
     cfg = load_config(overrides=list(overrides))
-    mc.check_model(cfg)
+    checks = Preflight(cfg, model_dir=prepare_model(cfg))
+    checks.model_config = mc.check_model(cfg)  # the model stage less the files' own checks (test_input_checks.py)
+    checks.data()
     return cfg
 
 
@@ -115,10 +119,10 @@ def test_max_model_len_beyond_the_positions_is_refused(tiny):
 def test_prompt_plus_new_tokens_must_fit_max_model_len(tiny, tmp_path):
     rows = tmp_path / "train.jsonl"
     rows.write_text(json.dumps({"prompt": "x" * 40, "answer": "1"}) + "\n")
-    with pytest.raises(ConfigError, match=r"longest prompt of data.train_path .* has 41 tokens; with "
-                                          r"policy.generation.max_new_tokens \(30\).*at least 71"):
+    with pytest.raises(ConfigError, match=r"data.train_path .*: 1 of 1 prompts are too long for the generators: "
+                                          r"prompt \+ policy.generation.max_new_tokens \(30\).* has 41 tokens.*at least 71"):
         load(tiny, "data.dataset_name=jsonl", f"data.train_path={rows}", "policy.generation.max_new_tokens=30")
-    with pytest.raises(ConfigError, match="the embedded arithmetic task has 7 tokens"):
+    with pytest.raises(ConfigError, match="the embedded arithmetic task: 8100 of 8100 prompts .* '99\\+99=' has 7 tokens"):
         checked("policy.generation.max_new_tokens=60")  # the embedded model and task
 
 

