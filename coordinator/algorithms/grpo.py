@@ -1,4 +1,4 @@
-"""One GRPO step (DESIGN.md): prompts -> rollouts -> rewards -> advantages -> train -> publish
+"""One GRPO step (docs/architecture.md): prompts -> rollouts -> rewards -> advantages -> train -> publish
 weights. The rollouts come from the rollout pipeline (coordinator/loop/pipeline.py): produced
 when the step asks for them (synchronous GRPO), or ahead, while earlier steps train, within
 grpo.async_grpo's age bound (async GRPO). Colocated on GPUs the generators sleep from the end of
