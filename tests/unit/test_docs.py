@@ -122,3 +122,13 @@ def test_the_site_builds_strictly(tmp_path):
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "architecture" / "index.html").exists()
+
+
+def test_the_readme_stays_a_front_page():
+    """README.md is what Tandem is, the two commands, an example, the features and where to read on;
+    the rest lives in docs/ and measured figures in benchmarks/results/."""
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("\n") <= 300, "README.md is over 300 lines: move the details into docs/"
+    for command in ("bash scripts/setup.sh && .venv/bin/tandem run",
+                    "bash scripts/setup.sh && .venv/bin/python -m pytest -q"):
+        assert command in readme
