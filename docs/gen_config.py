@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import enum
 import inspect
+import itertools
 import json
+import re
 import sys
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -39,11 +42,15 @@ marked *derived* is filled in at load from the model and the other keys
 
 
 def _escape(text: str) -> str:
-    """Markdown-safe table cell text: one line, no HTML, no table or emphasis markers."""
-    text = " ".join(text.split())
-    for raw, safe in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("*", "\\*")):
-        text = text.replace(raw, safe)
-    return text
+    """Markdown-safe table cell text: one line; outside `code spans` no HTML and no emphasis
+    markers; no bare table separators anywhere."""
+    parts = re.split(r"(`[^`]*`)", " ".join(text.split()))
+    for i, part in enumerate(parts):
+        if not part.startswith("`"):
+            for raw, safe in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("*", "\\*")):
+                part = part.replace(raw, safe)
+        parts[i] = part.replace("|", "\\|")
+    return "".join(parts)
 
 
 def _models(annotation: object) -> list[type]:
@@ -96,6 +103,26 @@ def _default(field) -> str:
         return str(value)
 
 
+def _attribute_docstrings(model: type) -> dict[str, str]:
+    """The docstrings under a class's fields, read from its source (and its bases'): what
+    `use_attribute_docstrings` would give, for the models that do not set it."""
+    import ast
+
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for field, doc in itertools.pairwise(body):
+            if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                    and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+                    and isinstance(doc.value.value, str)):
+                docs[field.target.id] = inspect.cleandoc(doc.value.value)
+    return docs
+
+
 def _doc(model: type) -> str:
     doc = model.__dict__.get("__doc__")
     return " ".join(inspect.cleandoc(doc).split()) if doc else ""
@@ -107,13 +134,14 @@ def _section(prefix: str, model: type, out: list[str]) -> None:
         out += [_escape(doc), ""]
     out += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     nested: list[tuple[str, type]] = []
+    source_docs = _attribute_docstrings(model)
     for name, field in model.model_fields.items():
         if field.exclude:
             continue
         annotation = field.annotation
         inner = _models(annotation)
         key = f"{prefix}.{name}"
-        description = field.description or ""
+        description = field.description or source_docs.get(name, "")
         if inner:
             child = f"{key}.<name>" if _is_mapping(annotation) else key
             nested += [(child, m) for m in inner]
