@@ -107,6 +107,13 @@ def test_configuration_page_matches_the_schema():
     assert gen.PAGE.read_text() == gen.render(), "docs/configuration.md is stale: run python docs/gen_config.py"
 
 
+def test_every_key_of_the_schema_says_what_it_means():
+    """A key without a docstring under its field shows an empty meaning on the configuration page."""
+    undocumented = [line.split("|")[1].strip() for line in _gen_config().render().splitlines()
+                    if line.startswith("| `") and line.rstrip().endswith("|  |")]
+    assert undocumented == [], "write a docstring under these fields: " + ", ".join(undocumented)
+
+
 def test_the_site_builds_strictly(tmp_path):
     """A copy of docs/ with the configuration page regenerated, built as mkdocs.yml says, warnings
     (a broken link or anchor, a page missing from the nav) failing the build."""
