@@ -6,8 +6,8 @@ worker joins the weight-sync group: it receives the buckets, then broadcasts the
 bucket over vLLM's own CPU group of the generator's workers (gloo), and the other workers unpack
 the same plan. The coordinator's group keeps one rank per generator whatever its layout.
 
-Measured against the other choice, one weight-sync receiver per worker (benchmarks/
-vllm_tp_weight_fanout.py): see the numbers there and in the README.
+Measured against the other choice, one weight-sync receiver per worker:
+benchmarks/vllm_tp_weight_fanout.py times both.
 
 A worker that failed to receive first broadcasts the failure, so the others raise too instead
 of waiting for buckets that never come.

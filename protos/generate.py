@@ -3,7 +3,7 @@
 protoc writes imports relative to the proto root (`from tandem.common.v1 import ...`), but
 the generated package lives under `protos.` so that it never shadows the `tandem` kernel
 package; the imports are rewritten accordingly. Generated files are committed and never
-edited by hand; tests/unit/protos/test_generated.py fails when they are stale.
+edited by hand; tests/unit/protos/test_contracts.py fails when they are stale.
 """
 
 from __future__ import annotations

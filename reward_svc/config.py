@@ -76,6 +76,7 @@ class RewardModelSettings(BaseModel):
     """Tokens per sequence (prompt + completion); longer ones lose their start (left truncation),
     so the score is still read at the completion's last token."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype the model is loaded and run in."""
     squash: Literal["none", "sigmoid"] = "none"
     """none: the reward is the model's raw scalar; sigmoid: sigmoid(scalar), in (0, 1) (the
     Bradley-Terry probability of beating a zero-score answer). `correct` is scalar > 0 either way."""

@@ -1,7 +1,7 @@
 """The weight-sync wire: trainer rank 0 broadcasts weights to generators over a
 torch.distributed process group of its own (gloo on CPU, NCCL on CUDA).
 
-How a transfer meets (see DESIGN.md, "Weight sync"):
+How a transfer meets (see docs/architecture.md, "Weight sync"):
 - Trainer rank 0 hosts a `TCPStore` (`WeightSender`), listening on the host it is given
   only (cluster.host: 127.0.0.1 on one host; the advertised address on several) and, with
   the run's token as `secret` on both sides, sealed (tandem/stores.py): a client without the

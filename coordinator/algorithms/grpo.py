@@ -1,5 +1,5 @@
-"""GRPO (and DAPO), read top to bottom: `train_grpo` is the loop, `grpo_step` one step of it,
-`prepare_samples` the step's arithmetic between the rewards and the trainer.
+"""GRPO (and DAPO; docs/architecture.md), read top to bottom: `train_grpo` is the loop,
+`grpo_step` one step of it, `prepare_samples` the step's arithmetic between rewards and trainer.
 
     for step in first..last:                                          train_grpo
         rollouts   = the step's prompt groups, sampled and scored      loop/rollouts.py via loop/pipeline.py

@@ -51,8 +51,11 @@ class RewardShapingConfig(Section):
     tokens of the budget: min(0, -(length - (max - buffer)) / buffer * penalty)."""
 
     enabled: bool = False
+    """Apply the overlong penalty to each reward."""
     overlong_buffer_length: int = Field(128, gt=0)
+    """Tokens at the end of the budget over which the penalty grows."""
     overlong_buffer_penalty: float = Field(1.0, ge=0)
+    """Penalty at the very end of the budget."""
     max_response_length: int | None = Field(None, gt=0)
     """Completion budget in tokens; null: policy.generation.max_new_tokens."""
 
@@ -90,12 +93,15 @@ class AsyncGRPOConfig(Section):
 
 class GRPOConfig(Section):
     num_prompts_per_step: int = Field(16, gt=0)
+    """Prompts drawn for each GRPO step."""
     num_generations_per_prompt: int = Field(8, gt=1)
+    """Completions sampled per prompt (the group its baseline is computed over)."""
     max_num_steps: int = Field(60, ge=0)
     """GRPO steps; 0 skips GRPO."""
     normalize_rewards: bool = True
     """Divide advantages by the group's reward std."""
     use_leave_one_out_baseline: bool = True
+    """Baseline of each completion: its group's mean reward without it (false: with it)."""
     adv_estimator: AdvEstimatorConfig = AdvEstimatorConfig()
     advantage_clip: float | None = Field(None, gt=0)
     """Clamp advantages to [-advantage_clip, advantage_clip]; null: no clamp."""
@@ -122,7 +128,9 @@ class GRPOConfig(Section):
     """Check the held-out accuracy before the first GRPO step (false: no check there, and no
     "before -> after" line; after an SFT warm start its last check is that starting point)."""
     max_val_samples: int = Field(500, gt=0)
+    """Held-out prompts used by each validation (the first ones of the validation set)."""
     seed: int = 42
+    """Seed of the prompt order, the trainer and the generators (generator i: seed + i)."""
 
 
 class SFTConfig(Section):
@@ -135,6 +143,7 @@ class SFTConfig(Section):
     global_batch_size: int = Field(16, gt=0)
     """Samples per SFT optimizer step."""
     micro_batch_size: int = Field(64, gt=0)
+    """Samples per forward/backward on one trainer rank during SFT."""
     lr: float | None = Field(None, gt=0)
     """Learning rate of the SFT phase (None: policy.optimizer.kwargs.lr)."""
     val_period: int = Field(50, gt=0)
@@ -142,3 +151,4 @@ class SFTConfig(Section):
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)
     """Stop the warm start once held-out accuracy reaches this (None: run max_num_steps)."""
     seed: int = 7
+    """Seed of the SFT phase's example order."""

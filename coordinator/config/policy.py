@@ -56,7 +56,9 @@ class ColocatedResourcesConfig(Section):
     place every service on this host, so only null is meaningful there."""
 
     gpus_per_node: int | None = Field(None, ge=0)
+    """GPUs per generator node (None: cluster.gpus_per_node)."""
     num_nodes: int | None = Field(None, ge=1)
+    """Nodes of the generators (None: as many as the generators fill)."""
 
 
 class ColocatedConfig(Section):

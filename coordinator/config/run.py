@@ -64,9 +64,11 @@ class WandbConfig(Section):
     """logger.wandb: the Weights & Biases run (wandb.init's arguments, as NeMo-RL passes them)."""
 
     project: str = "tandem"
+    """The W&B project."""
     name: str | None = None
     """Default: the run's name."""
     entity: str | None = None
+    """The W&B entity (team or user; None: the account's default)."""
     mode: Literal["online", "offline", "disabled"] | None = None
     """offline: write the run under <run dir>/wandb, nothing sent (`wandb sync` uploads it later);
     null: WANDB_MODE from the environment, else online."""
@@ -83,6 +85,7 @@ class MLflowConfig(Section):
     """logger.mlflow: the MLflow run."""
 
     experiment_name: str = "tandem"
+    """The MLflow experiment (created when missing)."""
     run_name: str | None = None
     """Default: the run's name."""
     run_id: str | None = None

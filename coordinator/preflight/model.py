@@ -46,7 +46,8 @@ TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "me
 
 
 class ModelCheckError(ConfigError):
-    """The checkpoint does not fit the config; coordinator/config.py re-raises it as a ConfigError."""
+    """The checkpoint does not fit the config: a ConfigError, reported like any other
+    (coordinator/run/create.py runs these checks)."""
 
 
 def read_config_json(model_dir: str | Path) -> dict:

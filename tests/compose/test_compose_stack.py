@@ -1,7 +1,7 @@
-"""compose.yaml for real, the way the README runs it: a private Docker engine, the CPU image
+"""compose.yaml for real, the way docs/deployment.md runs it: a private Docker engine, the CPU image
 built without Docker Hub (docker/prepare.sh), the stack started detached with 2 generator
 replicas on the embedded model running a short job, `tandem status` from the host while it
-runs, the README's reward swap (`up -d --no-deps --force-recreate reward`) mid-run, `docker
+runs, the documented reward swap (`up -d --no-deps --force-recreate reward`) mid-run, `docker
 compose wait coordinator` for the run's exit code, every service exiting by itself, then
 `down --volumes` and the engine stopped.
 
@@ -138,7 +138,7 @@ def _run_the_readme_flow(env: dict, port: int, timings: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def stack(engine, tmp_path_factory):
-    """Prepare, build, the README's flow, then `down --volumes`; yields what happened and the runs dir."""
+    """Prepare, build, the flow of docs/deployment.md, then `down --volumes`; yields what happened and the runs dir."""
     timings = {}
     project = f"tandem-test-{secrets.token_hex(3)}"
     runs = tmp_path_factory.mktemp("compose") / "runs"
@@ -181,7 +181,7 @@ def test_compose_says_nothing_alarming_when_starting_the_stack(stack):
     assert not [line for line in lines if re.search(r"(?i)pull|error|denied|fail", line)], lines
     expected = ("Container ", "Network ", "Volume ", "coordinator  Built", "IPv4 forwarding is disabled")
     unexpected = [line for line in lines if not line.strip().startswith(expected)
-                  and "IPv4 forwarding is disabled" not in line and "buildx isn't installed" not in line]  # README
+                  and "IPv4 forwarding is disabled" not in line and "buildx isn't installed" not in line]  # deployment.md
     assert not unexpected, unexpected
 
 

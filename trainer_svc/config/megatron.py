@@ -30,10 +30,15 @@ class MegatronOptimizerSettings(_Strict):
     min_lr: float | None = Field(None, ge=0)
     """Floor of the decayed learning rate (None: 0)."""
     weight_decay: float | None = Field(None, ge=0)
+    """Decoupled weight decay."""
     adam_beta1: float | None = Field(None, ge=0, lt=1)
+    """Adam's first-moment decay."""
     adam_beta2: float | None = Field(None, ge=0, lt=1)
+    """Adam's second-moment decay."""
     adam_eps: float | None = Field(None, gt=0)
+    """Adam's epsilon."""
     sgd_momentum: float = Field(0.9, ge=0)
+    """Momentum of the sgd optimizer."""
     bf16: bool = False
     """Parameters and compute in bfloat16, fp32 main weights in the optimizer."""
     fp16: bool = False
@@ -52,26 +57,36 @@ class MegatronSchedulerSettings(_Strict):
     """`megatron_cfg.scheduler`: Megatron's OptimizerParamScheduler, stepped once per optimizer step."""
 
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "constant"
+    """Shape of the decay from lr to min_lr after the warmup."""
     lr_decay_iters: int | None = Field(None, gt=0)
     """Steps over which the learning rate decays to min_lr (None: 1000)."""
     lr_warmup_iters: int = Field(0, ge=0)
+    """Steps of linear warmup from lr_warmup_init to lr."""
     lr_warmup_init: float = Field(0.0, ge=0)
+    """Learning rate at the first warmup step."""
     start_weight_decay: float | None = Field(None, ge=0)
     """None: optimizer.weight_decay."""
     end_weight_decay: float | None = Field(None, ge=0)
+    """Weight decay at the end of lr_decay_iters (None: optimizer.weight_decay)."""
     weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
+    """How weight decay moves from start_weight_decay to end_weight_decay."""
 
 
 class MegatronDdpSettings(_Strict):
     """`megatron_cfg.distributed_data_parallel_config`: Megatron's DistributedDataParallelConfig."""
 
     grad_reduce_in_fp32: bool = True
+    """Reduce gradients across data-parallel ranks in float32."""
     overlap_grad_reduce: bool = False
+    """Overlap the gradient reduction with the backward pass."""
     overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's parameter all-gather with the forward pass."""
     average_in_collective: bool = False
     """Must stay false: the losses are globally normalised and gradients are summed."""
     use_custom_fsdp: bool = False
+    """Megatron's custom FSDP: refused (must stay false)."""
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = "no_shard"
+    """Accepted for NeMo-RL compatibility (custom FSDP's sharding; unused here)."""
 
 
 class Fp8Settings(_Strict):
@@ -106,12 +121,19 @@ class MegatronSettings(_Strict):
     empty_unused_memory_level: int = Field(0, ge=0, le=2)
     """Accepted for NeMo-RL compatibility (only matters on GPUs)."""
     tensor_model_parallel_size: int = Field(1, ge=1)
+    """Tensor-parallel ranks (TP)."""
     pipeline_model_parallel_size: int = Field(1, ge=1)
+    """Pipeline stages (PP)."""
     context_parallel_size: int = Field(1, ge=1)
+    """Context-parallel ranks (CP; GPU only: Transformer Engine's ring attention)."""
     expert_model_parallel_size: int = Field(1, ge=1)
+    """Expert-parallel ranks of mixture-of-experts layers (EP)."""
     expert_tensor_parallel_size: int | None = Field(None, ge=1)
+    """Tensor-parallel ranks inside each expert (ETP; None: tensor_model_parallel_size)."""
     num_layers_in_first_pipeline_stage: int | None = Field(None, ge=1)
+    """Layers of the first pipeline stage; uneven stages are refused (None: an even split)."""
     num_layers_in_last_pipeline_stage: int | None = Field(None, ge=1)
+    """Layers of the last pipeline stage; uneven stages are refused (None: an even split)."""
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """dtype of pipeline p2p tensors (None: the compute dtype)."""
     sequence_parallel: bool = False
