@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from backend_variants import make_samples
+
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor import DTensorBackend
 from trainer_svc.config import TrainerSettings

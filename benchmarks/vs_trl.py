@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from async_overlap import MODES
 from rl_bench import (
     RunFigures,
     Task,
@@ -52,7 +53,6 @@ from rl_bench import (
     tandem_figures,
     write_task,
 )
-from async_overlap import MODES
 from vs_trl_settings import SharedSettings, tandem_overrides, trl_kwargs
 
 TANDEM_MODES = {"tandem": MODES["sync"], "tandem-async": MODES["async"]}

@@ -33,7 +33,7 @@ def _guard(name: str, check: Callable[[], str]) -> Check:
 
 
 def check_run_dir(cfg: ExperimentConfig) -> str:
-    from coordinator.run import resume
+    from coordinator.checkpoint import resume
 
     log_dir = Path(cfg.logger.log_dir).resolve()
     parent = next(p for p in [log_dir, *log_dir.parents] if p.exists())

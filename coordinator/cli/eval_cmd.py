@@ -12,8 +12,8 @@ from coordinator.config import ExperimentConfig
 
 def evaluate(cfg: ExperimentConfig, checkpoint: Path | None, console: Console) -> int:
     from coordinator.cli.execute import execute
+    from coordinator.metrics.sinks import SinkError
     from coordinator.run.eval_run import EvalRun
-    from coordinator.run.loggers import SinkError
 
     try:
         run = EvalRun(cfg, console, checkpoint)

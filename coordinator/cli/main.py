@@ -53,9 +53,9 @@ def _run(args: argparse.Namespace) -> int:
         from coordinator.cli.dry_run import dry_run
 
         return dry_run(cfg, console)
+    from coordinator.checkpoint.resume import NothingToResume, RunFinished
+    from coordinator.metrics.sinks import SinkError
     from coordinator.run.create import create_run
-    from coordinator.run.loggers import SinkError
-    from coordinator.run.resume import NothingToResume, RunFinished
 
     try:
         run = create_run(cfg, console, resume=True if args.resume else None)  # None: resume an unfinished run
@@ -109,9 +109,10 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from coordinator.checkpoint.export import NoCheckpoint
     from coordinator.cluster.launcher import ServiceDied
     from coordinator.config import ConfigError
-    from coordinator.run.export import NoCheckpoint, export_checkpoint
+    from coordinator.run.export_run import export_checkpoint
 
     console = _console()
     try:

@@ -17,7 +17,7 @@ directory and registers like any generator. `scancel --batch --signal=TERM JOB` 
 a plain `scancel JOB` signals every process of the steps, vLLM's engine included, so their
 requests in flight are re-sent to the other generators instead. A requeued job
 (`--requeue`: preemption, node failure, `scontrol requeue`) runs the same script again: the
-coordinator finds the run's last checkpoint and resumes (coordinator/run/resume.py).
+coordinator finds the run's last checkpoint and resumes (coordinator/checkpoint/resume.py).
 """
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
-"""Runs end to end: the rollout run (grpo_run.py) and preference runs (preference_run.py) over
-what every run shares (base.py: directory, logs, status, metrics, progress, summary), with loop
-checkpoints and resume (checkpoint.py, resume.py); create.py picks the one a config asks for."""
+"""Runs end to end: the rollout run (grpo_run.py: SFT warm start, GRPO, restarts, resume) and the
+preference runs (preference_run.py) over what every run shares (base.py: directory, log, status,
+services, the steps' records, summary); `tandem eval` (eval_run.py) and `tandem export`
+(export_run.py); create.py picks the one a config asks for."""

@@ -21,10 +21,9 @@ from coordinator.cluster.local import HostedService, LocalCluster
 from coordinator.cluster.services import Services
 from coordinator.cluster.status import RunStatus
 from coordinator.config import ExperimentConfig
-from coordinator.run.metrics import MetricsLog
+from coordinator.metrics.log import MetricsLog
+from coordinator.metrics.progress import RunProgress, describe_startup
 from coordinator.run.paths import make_run_dir, run_token
-from coordinator.run.progress import RunProgress
-from coordinator.run.startup import describe_startup
 from tandem.logs import file_logger
 
 DISMISS_TIMEOUT_S = 30.0

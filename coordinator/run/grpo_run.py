@@ -21,6 +21,9 @@ from pathlib import Path
 from rich.console import Console
 
 from coordinator.algorithms.sft import sft_steps
+from coordinator.checkpoint import resume as resuming
+from coordinator.checkpoint import store
+from coordinator.checkpoint.export import export_hf
 from coordinator.cluster.local import HostedService, LocalCluster
 from coordinator.cluster.recovery import trainer_dead
 from coordinator.cluster.services import Services
@@ -31,11 +34,8 @@ from coordinator.embedded.inputs import prepare_inputs
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.loop.validation import validate
-from coordinator.run import checkpoint
-from coordinator.run import resume as resuming
+from coordinator.metrics.log import plot_curves
 from coordinator.run.base import RunBase
-from coordinator.run.export import export_hf
-from coordinator.run.metrics import plot_curves
 from tandem.rpc import RpcFailure
 
 
@@ -143,7 +143,7 @@ class Run(RunBase):
         weights as a new version; returns the checkpoint's step."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
         self.log.warning("trainer_dead", error=f"{type(exc).__name__}: {exc}"[:500])
-        if checkpoint.latest(root) is None:
+        if store.latest(root) is None:
             raise RuntimeError(f"the trainer died before the run's first checkpoint (under {root}); nothing to "
                                f"resume from: lower checkpointing.save_period or restart the run") from exc
         self.console.print("[yellow]the trainer died: relaunching it and resuming from the last checkpoint[/]")
@@ -200,7 +200,7 @@ class Run(RunBase):
                                    sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
                                    rng=resuming.capture_rng())
         started = time.perf_counter()
-        checkpoint.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log,
+        store.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log,
                         save_hf=self.cfg.checkpointing.save_hf)
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + time.perf_counter() - started
         self.progress.note(f"checkpoint at GRPO step {step} ({time.perf_counter() - started:.1f}s)")

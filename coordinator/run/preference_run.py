@@ -17,6 +17,7 @@ from rich.console import Console
 from coordinator.algorithms.dpo import DpoValidator, dpo_step
 from coordinator.algorithms.preference import PreferenceContext
 from coordinator.algorithms.rm import rm_step
+from coordinator.checkpoint.export import export_hf
 from coordinator.cluster.local import HostedService
 from coordinator.config import ExperimentConfig
 from coordinator.config.preference import Algorithm
@@ -24,9 +25,8 @@ from coordinator.data.examples import PromptCursor
 from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.inputs import prepare_inputs
+from coordinator.metrics.log import plot_curves
 from coordinator.run.base import RunBase
-from coordinator.run.export import export_hf
-from coordinator.run.metrics import plot_curves
 from trainer_svc.client import TrainerClient
 
 

@@ -9,7 +9,6 @@ import pytest
 import structlog
 
 from coordinator.algorithms.grpo import grpo_step
-from coordinator.loop.rollouts import rollout_pipeline
 from coordinator.algorithms.sft import sft_steps
 from coordinator.cluster.local import LocalCluster
 from coordinator.config import ConfigError, load_config
@@ -19,6 +18,7 @@ from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import probe_generators
+from coordinator.loop.rollouts import rollout_pipeline
 from generator_svc.client import GeneratorClient
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import RpcFailure, Status

@@ -14,7 +14,7 @@ The tied families (qwen2, qwen3-tied, gemma3) fail without generator_svc/tied_we
 generator kept its first output head (logprob differences 0.16-0.54 from the first update on).
 
 At the end of each backend's steps the trainer exports its model as an HF checkpoint
-(coordinator/run/export.py, what every run does at its end): transformers loads it and scores
+(coordinator/checkpoint/export.py, what every run does at its end): transformers loads it and scores
 the probe's completions with the trainer's logprobs within 1e-5.
 
 Each case appends its measurements (parameters, GRPO step time, largest logprob difference,
@@ -32,6 +32,7 @@ import structlog
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
+from coordinator.checkpoint.export import export_hf
 from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.specs import trainer_settings
 from coordinator.config import load_config
@@ -40,12 +41,11 @@ from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import probe_generators
-from coordinator.run.export import export_hf
-from tandem.generation.types import SamplingConfig
-from trainer_svc.types import Sample
 from reward_svc.hosted import FunctionRewardService
+from tandem.generation.types import SamplingConfig
 from tests import procs
 from tests.families import FAMILIES, ensure_family, num_parameters
+from trainer_svc.types import Sample
 
 pytestmark = pytest.mark.integration
 

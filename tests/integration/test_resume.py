@@ -22,9 +22,9 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file
 
+from coordinator.checkpoint.resume import NothingToResume
 from coordinator.config import load_config
 from coordinator.run.grpo_run import Run
-from coordinator.run.resume import NothingToResume
 
 pytestmark = pytest.mark.integration
 

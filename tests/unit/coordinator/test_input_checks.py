@@ -10,13 +10,13 @@ import pytest
 
 from coordinator.cluster.log_cause import cause_line
 from coordinator.config import ConfigError, load_config
-from coordinator.preflight.machine import check_kv_cache_memory, check_machine, check_writable_dir
 from coordinator.data.examples import Example, read_examples
-from coordinator.preflight.model_files import check_model_dir
 from coordinator.data.tokens import Tokens
+from coordinator.embedded.tiny_model import build_char_tokenizer
 from coordinator.preflight.data import load_examples
 from coordinator.preflight.lengths import check_lengths, measure_examples
-from coordinator.embedded.tiny_model import build_char_tokenizer
+from coordinator.preflight.machine import check_kv_cache_memory, check_machine, check_writable_dir
+from coordinator.preflight.model_files import check_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from coordinator.config.run import LoggerConfig
-from coordinator.run.metrics import MetricsLog
-from coordinator.run.plot import build_figure, plot_run
+from coordinator.metrics.log import MetricsLog
+from coordinator.metrics.plot import build_figure, plot_run
 from tests.metric_readers import (
     mlflow_artifacts,
     mlflow_scalars,
@@ -93,7 +93,7 @@ def test_the_plot_has_a_column_per_phase_named_axes_and_the_run_name(tmp_path):
 
 
 def test_a_logger_that_cannot_start_is_one_error_naming_its_key(tmp_path, monkeypatch):
-    from coordinator.run.loggers import SinkError
+    from coordinator.metrics.sinks import SinkError
 
     for name in ("WANDB_API_KEY", "WANDB_MODE"):
         monkeypatch.delenv(name, raising=False)

@@ -1,5 +1,5 @@
-"""Progress off a terminal: timestamped lines at a sensible rate (coordinator/run/progress.py),
-and the start-up wait said in words (coordinator/run/startup.py)."""
+"""Progress off a terminal: timestamped lines at a sensible rate (coordinator/metrics/progress.py),
+and the start-up wait said in words (coordinator/metrics/progress.py)."""
 
 import io
 import re
@@ -9,8 +9,7 @@ from rich.console import Console
 
 from coordinator.cluster.registry import Member
 from coordinator.config import load_config
-from coordinator.run.progress import RunProgress
-from coordinator.run.startup import describe_startup
+from coordinator.metrics.progress import RunProgress, describe_startup
 
 STAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
 

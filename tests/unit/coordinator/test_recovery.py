@@ -8,11 +8,11 @@ import time
 import pytest
 import structlog
 
+from coordinator.checkpoint.resume import find_unfinished, resume_version
 from coordinator.cluster.adopted import AdoptedProcess, descendants, start_ticks
 from coordinator.cluster.launcher import LocalLauncher, ServiceSpec
 from coordinator.cluster.recovery import trainer_dead
 from coordinator.config import load_config
-from coordinator.run.resume import find_unfinished, resume_version
 from tandem.rpc import RpcFailure, Status
 
 LOG = structlog.get_logger()
@@ -143,7 +143,7 @@ def test_restart_kills_descendants_in_sessions_of_their_own(tmp_path):
 
 
 def test_resume_of_a_run_that_finished_its_steps_is_refused_but_more_steps_extend_it(tmp_path):
-    from coordinator.run.resume import NothingToResume, RunFinished, find_for
+    from coordinator.checkpoint.resume import NothingToResume, RunFinished, find_for
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()

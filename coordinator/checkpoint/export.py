@@ -1,6 +1,6 @@
 """Hugging Face exports of a run's model: at the end of every run (`<run>/hf/`), at each loop
 checkpoint with `checkpointing.save_hf` (`<checkpoint>/hf/`), and of an existing run's
-checkpoint afterwards (`tandem export RUN_DIR [--step N] OUT_DIR`).
+checkpoint afterwards (`tandem export RUN_DIR [--step N] OUT_DIR`: coordinator/run/export_run.py).
 
 An export is the trainer's current weights as safetensors plus the source checkpoint's config,
 tokenizer and generation config (trainer_svc/hf.py): what `AutoModelForCausalLM.from_pretrained`
@@ -58,44 +58,13 @@ class NoCheckpoint(ValueError):
 
 def checkpoint_to_export(run_dir: Path, cfg, step: int | None) -> Path:
     """The run's checkpoint at `step` (None: its latest complete one), or NoCheckpoint."""
-    from coordinator.run import checkpoint
-    from coordinator.run.resume import checkpoint_root
+    from coordinator.checkpoint import store
+    from coordinator.checkpoint.resume import checkpoint_root
 
     root = checkpoint_root(cfg.checkpointing.checkpoint_dir, run_dir)
-    path = checkpoint.latest(root) if step is None else root / f"step_{step:06d}"
+    path = store.latest(root) if step is None else root / f"step_{step:06d}"
     if path is None or not (path / "coordinator.json").is_file():
         steps = sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / "coordinator.json").is_file())
         raise NoCheckpoint(f"no complete checkpoint {'' if step is None else f'for step {step} '}under {root} "
                            f"(complete ones: {steps or 'none'}; runs checkpoint every checkpointing.save_period steps)")
     return path
-
-
-def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None) -> Export:
-    """`tandem export`: start a trainer alone on the run's config, load the checkpoint into it and
-    write it out as an HF checkpoint. The trainer works in <run>/exports/<name>, removed after;
-    the log goes to <run>/logs/export.log."""
-    from coordinator.cluster.local import LocalCluster
-    from coordinator.config import load_config
-    from coordinator.embedded.inputs import prepare_inputs
-    from coordinator.run.paths import token_file
-    from tandem.logs import file_logger
-
-    run_dir = Path(run_dir).resolve()
-    config = run_dir / "config.yaml"
-    if not config.is_file():
-        raise NoCheckpoint(f"{run_dir} is not a run directory (it has no config.yaml)")
-    cfg = load_config(config)
-    path = checkpoint_to_export(run_dir, cfg, step)
-    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"launch": "local", "port": 0})})
-    model_dir, _, _ = prepare_inputs(cfg)
-    scratch = run_dir / "exports" / f"{path.name}-{secrets.token_hex(3)}"
-    (scratch / "logs").mkdir(parents=True)
-    try:
-        with open(run_dir / "logs" / "export.log", "a") as log_file:
-            log = file_logger("coordinator", log_file).bind(run_id=run_dir.name, checkpoint=str(path))
-            with LocalCluster(cfg, model_dir, scratch, token_file(scratch).read_text(), log,
-                              trainer_only=True) as services:
-                services.trainer.load_checkpoint(str((path / "trainer").resolve()))
-                return export_hf(services.trainer, out_dir, log)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)

@@ -12,6 +12,9 @@ default 10 s); a start-up wait says who has registered every `interval_s`.
     with progress.phase("grpo", total=60) as bar:
         bar.update(3, "loss 0.12  reward 0.50")
     progress.note("checkpoint at GRPO step 20 (1.2s)")
+
+While the services start, describe_startup says in words what the run waits for:
+"trainer 1/1, generators 1/2, rewards 0/1 (waiting: arithmetic)".
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from datetime import datetime
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+from coordinator.cluster.registry import Member
+from coordinator.config import ExperimentConfig
 
 
 def _clock(seconds: float) -> str:
@@ -134,3 +140,24 @@ def _repeating(target: Callable[..., None], *args) -> Iterator[None]:
     finally:
         done.set()
         thread.join(timeout=2)
+
+
+def expected_services(cfg: ExperimentConfig) -> tuple[int, list[str]]:
+    """(generators, reward tasks) the run waits for beside its trainer."""
+    if not cfg.algorithm.uses_rollouts:
+        return 0, []
+    return (cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 1), sorted(cfg.env)
+
+
+def describe_startup(cfg: ExperimentConfig, members: list[Member], trainer: bool = True) -> str:
+    generators, tasks = expected_services(cfg)
+    kinds = [m.kind for m in members]
+    parts = [f"trainer {min(kinds.count('trainer'), 1)}/1"] if trainer else []
+    if generators:
+        parts.append(f"generators {min(kinds.count('generator'), generators)}/{generators}")
+    if tasks:
+        served = {t for m in members if m.kind == "reward" for t in m.tasks}
+        missing = [t for t in tasks if t not in served]
+        parts.append(f"rewards {len(tasks) - len(missing)}/{len(tasks)}"
+                     + (f" (waiting: {', '.join(missing)})" if missing else ""))
+    return ", ".join(parts)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from coordinator.run import checkpoint
+from coordinator.checkpoint import store
 
 
 class NothingToResume(ValueError):
@@ -74,7 +74,7 @@ def checkpoint_root(checkpoint_dir: str | None, run_dir: Path) -> Path:
 
 def find(root: Path) -> tuple[Path, LoopState]:
     """The latest complete checkpoint under root and its loop state, or NothingToResume."""
-    path = checkpoint.latest(root)
+    path = store.latest(root)
     if path is None:
         raise NothingToResume(f"nothing to resume: no complete checkpoint under {root} (a run checkpoints every "
                               "checkpointing.save_period GRPO steps; start it without --resume)")

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.config.run import LoggerConfig
-from coordinator.run.loggers import build_sinks
-from coordinator.run.plot import plot_run
+from coordinator.metrics.plot import plot_run
+from coordinator.metrics.sinks import build_sinks
 
 
 class MetricsLog:

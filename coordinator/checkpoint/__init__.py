@@ -1,0 +1,2 @@
+"""A run's persistence: loop checkpoints on disk (store.py), the coordinator's half of them and
+resuming from one (resume.py), and Hugging Face exports of the trained model (export.py)."""
