@@ -332,9 +332,7 @@ class TrainerEngine:
                 return backend.load_checkpoint(path)
             case _ExportHf(path):
                 state = backend.gather_hf_state_dict()
-                adapters = getattr(backend, "export_adapter", None)  # LoRA (DTensor): the adapters too, in path/adapter
-                if adapters is not None:
-                    adapters(path / "adapter")
+                backend.export_adapter(path / "adapter")  # LoRA: the adapters too
                 if state is None:
                     return 0
                 return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=backend.checkpoint_dtype,

@@ -96,6 +96,12 @@ class TrainerBackend(Protocol):
         (the whole model at once: for HF export; publishing streams `iter_hf_tensors`)."""
         ...
 
+    def export_adapter(self, path: Path) -> int:
+        """Collective: the LoRA adapters alone, in PEFT's layout, into directory `path` (rank 0),
+        beside an HF export of the merged weights; returns the adapter tensors written (0 on
+        other ranks, and where nothing trains adapters: nothing is written then)."""
+        ...
+
     def save_checkpoint(self, path: Path) -> None:
         """Collective: write model, optimizer, RNG and step (sharded) into directory `path`."""
         ...
