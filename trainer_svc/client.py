@@ -17,17 +17,14 @@ from tandem.rpc import open_channel, rpc_failures
 from tandem.weight_plan import GroupSpec
 from trainer_svc.config import TrainingBackend
 from trainer_svc.types import (
-    BradleyTerryLossConfig,
     CudaIpcExport,
-    DpoLossConfig,
-    GrpoLossConfig,
     LossConfig,
-    NllLossConfig,
     Policy,
     PublishResult,
     Sample,
     StepResult,
     TrainerInfo,
+    loss_kind,
 )
 
 
@@ -37,12 +34,12 @@ def _sample_pb(s: Sample) -> pb.Sample:
 
 
 def _train_request(loss: LossConfig, **fields) -> pb.TrainStepRequest:
-    """A TrainStepRequest with `loss` in its oneof (the field of the loss's kind)."""
-    kinds = {GrpoLossConfig: ("grpo", pb.GrpoLoss), NllLossConfig: ("nll", pb.NllLoss),
-             DpoLossConfig: ("dpo", pb.DpoLoss), BradleyTerryLossConfig: ("bradley_terry", pb.BradleyTerryLoss)}
-    if type(loss) not in kinds:
-        raise TypeError(f"unknown loss config {type(loss).__name__}")
-    name, message = kinds[type(loss)]
+    """A TrainStepRequest with `loss` in its oneof (the field its registered kind names)."""
+    try:
+        name = loss_kind(loss).name
+    except ValueError as exc:
+        raise TypeError(str(exc)) from None
+    message = getattr(pb, pb.TrainStepRequest.DESCRIPTOR.fields_by_name[name].message_type.name)
     return pb.TrainStepRequest(**fields, **{name: to_pb(message, loss)})
 
 

@@ -38,18 +38,15 @@ from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
 from trainer_svc.publish import DetachedPublishes, publish_weights
 from trainer_svc.types import (
-    PAIRED_LOSSES,
-    BradleyTerryLossConfig,
+    LOSSES,
     CudaIpcExport,
-    DpoLossConfig,
-    GrpoLossConfig,
     LossConfig,
-    NllLossConfig,
     Policy,
     PublishResult,
     Sample,
     StepResult,
     TrainerInfo,
+    loss_kind,
 )
 
 
@@ -153,16 +150,15 @@ class TrainerEngine:
     def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
                    micro_batch_size: int, learning_rate: float | None = None) -> StepResult:
         """Optimizer steps over `samples`; learning_rate overrides the configured one for this call."""
-        if not isinstance(loss, GrpoLossConfig | NllLossConfig | DpoLossConfig | BradleyTerryLossConfig):
-            raise ValueError(f"unknown loss {type(loss).__name__}")
-        if self._reward_model != isinstance(loss, BradleyTerryLossConfig):
-            raise ValueError("the Bradley-Terry loss trains a reward model and a reward model trains only with it: "
+        kind = loss_kind(loss)
+        if self._reward_model != kind.reward_model:
+            names = " / ".join(k.config.__name__ for k in LOSSES if k.reward_model)
+            raise ValueError(f"a reward model trains only with {names}, and that loss only a reward model: "
                              f"got {type(loss).__name__} for a trainer with reward_model_cfg.enabled="
                              f"{str(self._reward_model).lower()}")
-        validate_samples(samples, self._backend.vocab_size,
-                         need_generation_logprobs=isinstance(loss, GrpoLossConfig))
+        validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=kind.needs_generation_logprobs)
         validate_train_layout(len(samples), global_batch_size, micro_batch_size, self._backend.world_size)
-        if isinstance(loss, PAIRED_LOSSES):
+        if kind.paired:
             validate_pairs(samples, global_batch_size, micro_batch_size, self._backend.world_size)
         if learning_rate is not None and not learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")

@@ -15,7 +15,7 @@ Tensor and batch conventions:
 - Loss normalisation is global: each micro-batch divides its masked token sum by the number
   of masked-in tokens of the whole optimizer step on all ranks, and gradients are SUMMED
   across ranks, so results do not depend on the split into micro-batches or ranks.
-- Preference losses (`PAIRED_LOSSES`: DPO, Bradley-Terry): samples[2k] is chosen and
+- Preference losses (`LossKind.paired` in `trainer_svc.types.LOSSES`: DPO, Bradley-Terry): samples[2k] is chosen and
   samples[2k + 1] rejected; a backend keeps each pair whole and in order in one micro-batch
   (the engine has checked that contiguous shards and micro-batches do) and normalises by the
   step's sequence count (pairs = sequences / 2). A loss with `takes_sequence_scores` (Bradley-
