@@ -118,9 +118,10 @@ class TrainerClient:
         return self._stub.LoadCheckpoint(pb.LoadCheckpointRequest(path=path), timeout=self._long).global_step
 
     @rpc_failures
-    def export_hf(self, path: str) -> int:
-        """Returns the number of tensors written."""
-        return self._stub.ExportHf(pb.ExportHfRequest(path=path), timeout=self._long).num_tensors
+    def export_hf(self, path: str, *, for_generators: bool = False) -> int:
+        """Returns the number of tensors written; for_generators: in the dtype they serve, not the checkpoint's."""
+        return self._stub.ExportHf(pb.ExportHfRequest(path=path, for_generators=for_generators),
+                                   timeout=self._long).num_tensors
 
     def close(self) -> None:
         self._channel.close()

@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import FailedPrecondition
-from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, make_bucket_plan
+from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import TrainerSettings
@@ -36,7 +34,7 @@ from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, 
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
-from trainer_svc.publish import DetachedPublishes, publish_weights
+from trainer_svc.publish import DetachedPublishes, plan_dtype, publish_weights, weight_sync_plan
 from trainer_svc.types import (
     LOSSES,
     CudaIpcExport,
@@ -101,6 +99,7 @@ class _LoadCheckpoint:
 @dataclass(frozen=True)
 class _ExportHf:
     path: Path
+    for_generators: bool = False
 
 
 class TrainerEngine:
@@ -252,8 +251,10 @@ class TrainerEngine:
         self._weights_moved = True
         return self._run(_LoadCheckpoint(target))
 
-    def export_hf(self, path: str) -> int:
-        return self._run(_ExportHf(writable_dir(path, "export")))
+    def export_hf(self, path: str, for_generators: bool = False) -> int:
+        """An HF checkpoint of the current weights, in the checkpoint's dtype, or with
+        `for_generators` (a version they load from it) in the one they serve (the bucket plan's)."""
+        return self._run(_ExportHf(writable_dir(path, "export"), for_generators))
 
     @property
     def serves_generation(self) -> bool:
@@ -326,12 +327,13 @@ class TrainerEngine:
                 return backend.save_checkpoint(path)
             case _LoadCheckpoint(path):
                 return backend.load_checkpoint(path)
-            case _ExportHf(path):
+            case _ExportHf(path, for_generators):
                 state = backend.gather_hf_state_dict()
                 backend.export_adapter(path / "adapter")  # LoRA: the adapters too
                 if state is None:
                     return 0
-                return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=backend.checkpoint_dtype,
+                dtype = plan_dtype(self._plan) if for_generators else backend.checkpoint_dtype
+                return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=dtype,
                                            config=classifier_config(self._model_name) if self._reward_model else None)
         raise TypeError(f"unknown command {type(command).__name__}")
 
@@ -341,10 +343,7 @@ def build_engine(settings: TrainerSettings, log: Any, token: str) -> TrainerEngi
     The run's `token` seals both stores (tandem/stores.py)."""
     env = init_distributed(settings.lockstep_timeout_s, secret=token)
     backend = build_backend(settings, env)
-    sync_dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
-                  else getattr(torch, settings.weight_sync_dtype))
-    plan = make_bucket_plan(((name, shape, sync_dtype) for name, shape in backend.hf_tensor_shapes.items()),
-                            settings.weight_sync_bucket_bytes)
+    plan = weight_sync_plan(settings, backend)
     sender, fingerprint = None, ""
     if env.rank == 0:
         sender = WeightSender(host=settings.weight_sync_host, device=env.device, secret=token)

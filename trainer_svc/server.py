@@ -91,7 +91,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         return pb.LoadCheckpointResponse(global_step=await self._call(self._engine.load_checkpoint, request.path))
 
     async def ExportHf(self, request, context):
-        return pb.ExportHfResponse(num_tensors=await self._call(self._engine.export_hf, request.path))
+        return pb.ExportHfResponse(num_tensors=await self._call(self._engine.export_hf, request.path,
+                                                                request.for_generators))
 
     async def ExportCudaIpcWeights(self, request, context):
         result = await self._call(self._engine.export_cuda_ipc, request.version)

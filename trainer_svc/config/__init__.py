@@ -159,7 +159,9 @@ class TrainerSettings(_Strict):
     weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)
     """Bytes per weight-sync bucket (one broadcast each)."""
     weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """dtype the generators receive; auto: the checkpoint's own dtype (config.json)."""
+    """dtype the generators receive: the one they serve (the coordinator sets it to the dtype it
+    gives them, policy.precision), so they serve what the trainer trains, in as few bytes as that
+    takes; auto: the checkpoint's own dtype (config.json), for a trainer started on its own."""
     lockstep_timeout_s: float = Field(7 * 24 * 3600, gt=0)
     """How long ranks other than 0 wait for the next command (time between RPCs)."""
     generation: GenerationSettings = GenerationSettings()
