@@ -1,6 +1,6 @@
 """The Python API: the same run as `tandem run`, driven from Python.
 
-    from tandem import GRPOTrainer, train
+    from coordinator.api import GRPOTrainer, train
 
     summary = GRPOTrainer("recipe.yaml").train()
     summary = GRPOTrainer.from_pretrained("/models/my-model", max_steps=20, grpo__num_prompts_per_step=8).train()

@@ -17,13 +17,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 # AF_UNIX socket paths are limited to 107 bytes; vLLM puts "<run dir>/<uuid4>" sockets there.
 _MAX_SCRATCH_CHARS = 107 - len("/g4194304/") - 36
+_BOOL = TypeAdapter(bool)
 
 
 class VllmSettings(BaseModel):
@@ -48,7 +58,7 @@ class VllmSettings(BaseModel):
     """vLLM tensor parallelism inside one generator: its workers split every layer (CPU: gloo)."""
     pipeline_parallel_size: int = Field(1, ge=1)
     """vLLM pipeline parallelism inside one generator: its workers hold consecutive layers."""
-    distributed_executor_backend: Literal["uni", "mp"] | None = None
+    distributed_executor_backend: Literal["uni", "mp"] | None = Field(None, validate_default=True)
     """uni: the model runs inside vLLM's engine-core process. mp: in worker processes of their own
     (vLLM's default on CPU), which busy-wait on shared memory for a second after every batch: an
     idle generator then holds a core while the trainer trains (measured: 0.43 CPU-s per 3 idle s
@@ -60,11 +70,18 @@ class VllmSettings(BaseModel):
     choice on CPU, a fresh interpreter that imports vLLM and torch again. (GPUs: vLLM decides; it
     forks unless CUDA is already initialised in the generator.)"""
 
+    @field_validator("distributed_executor_backend")
+    @classmethod
+    def _executor_for_workers(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """Unset: derived while validating from the parallel sizes declared above it (already
+        validated; if one failed, its own error is reported and nothing is derived)."""
+        if value is not None or "tensor_parallel_size" not in info.data or "pipeline_parallel_size" not in info.data:
+            return value
+        return "mp" if info.data["tensor_parallel_size"] * info.data["pipeline_parallel_size"] > 1 else "uni"
+
     @model_validator(mode="after")
-    def _executor_for_workers(self) -> VllmSettings:
-        if self.distributed_executor_backend is None:
-            object.__setattr__(self, "distributed_executor_backend", "mp" if self.num_workers > 1 else "uni")
-        elif self.distributed_executor_backend == "uni" and self.num_workers > 1:
+    def _one_worker_for_uni(self) -> VllmSettings:
+        if self.distributed_executor_backend == "uni" and self.num_workers > 1:
             raise ValueError(f"vllm_cfg.distributed_executor_backend: uni runs one worker; tensor_parallel_size x "
                              f"pipeline_parallel_size = {self.num_workers} needs mp (or leave it unset)")
         return self
@@ -117,11 +134,19 @@ class GeneratorSettings(VllmSettings):
             raise ValueError("in_flight_weight_updates needs a dedicated generator (colocated: false)")
         return self
 
-    @model_validator(mode="after")
-    def _memory_share(self) -> GeneratorSettings:
-        if self.gpu_memory_utilization is None:
-            object.__setattr__(self, "gpu_memory_utilization", 0.5 if self.colocated else 0.9)
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _memory_share(cls, data: Any) -> Any:
+        """Unset gpu_memory_utilization: 0.5 colocated, 0.9 dedicated, filled in before the fields
+        are validated (colocated is parsed as its field would be; if it cannot be, its own error
+        is reported and the share is left unset)."""
+        if not isinstance(data, dict) or data.get("gpu_memory_utilization") is not None:
+            return data
+        try:
+            colocated = _BOOL.validate_python(data.get("colocated", False))
+        except ValidationError:
+            return data
+        return {**data, "gpu_memory_utilization": 0.5 if colocated else 0.9}
 
     @field_validator("cpu_threads_bind")
     @classmethod

@@ -1,6 +1,6 @@
 """A plain Python reward function served as a reward service, inside the caller's process.
 
-The Python API (`tandem.train(reward_fn=...)`) uses it: `FunctionEnv` is an engine with the
+The Python API (`coordinator.api.train(reward_fn=...)`) uses it: `FunctionEnv` is an engine with the
 same face as `RewardEngine` (`info()`, `async score(items)`, `async step(items)`), so the
 ordinary `RewardServicer` serves it; `FunctionRewardService` runs that gRPC server on a
 background thread with its own event loop and registers it with the coordinator for its

@@ -6,21 +6,6 @@
 - `tandem.logs`: structlog setup.
 - `tandem.membership`: the register/heartbeat loop every service runs.
 
-It is also the public face of the Python API, `from tandem import GRPOTrainer, train`
-(coordinator/api.py), imported lazily so that services importing the kernel do not load the
-coordinator.
+The kernel imports nothing above it: the Python API is `coordinator.api` (`from coordinator.api
+import GRPOTrainer, train`) and the `tandem` command `coordinator.cli.main`.
 """
-
-_API = ("GRPOTrainer", "train")
-
-
-def __getattr__(name: str):
-    if name in _API:
-        from coordinator import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'tandem' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_API])

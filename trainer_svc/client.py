@@ -17,17 +17,14 @@ from tandem.rpc import open_channel, rpc_failures
 from tandem.weight_plan import GroupSpec
 from trainer_svc.config import TrainingBackend
 from trainer_svc.types import (
-    BradleyTerryLossConfig,
     CudaIpcExport,
-    DpoLossConfig,
-    GrpoLossConfig,
     LossConfig,
-    NllLossConfig,
     Policy,
     PublishResult,
     Sample,
     StepResult,
     TrainerInfo,
+    loss_kind,
 )
 
 
@@ -37,12 +34,12 @@ def _sample_pb(s: Sample) -> pb.Sample:
 
 
 def _train_request(loss: LossConfig, **fields) -> pb.TrainStepRequest:
-    """A TrainStepRequest with `loss` in its oneof (the field of the loss's kind)."""
-    kinds = {GrpoLossConfig: ("grpo", pb.GrpoLoss), NllLossConfig: ("nll", pb.NllLoss),
-             DpoLossConfig: ("dpo", pb.DpoLoss), BradleyTerryLossConfig: ("bradley_terry", pb.BradleyTerryLoss)}
-    if type(loss) not in kinds:
-        raise TypeError(f"unknown loss config {type(loss).__name__}")
-    name, message = kinds[type(loss)]
+    """A TrainStepRequest with `loss` in its oneof (the field its registered kind names)."""
+    try:
+        name = loss_kind(loss).name
+    except ValueError as exc:
+        raise TypeError(str(exc)) from None
+    message = getattr(pb, pb.TrainStepRequest.DESCRIPTOR.fields_by_name[name].message_type.name)
     return pb.TrainStepRequest(**fields, **{name: to_pb(message, loss)})
 
 
@@ -121,9 +118,10 @@ class TrainerClient:
         return self._stub.LoadCheckpoint(pb.LoadCheckpointRequest(path=path), timeout=self._long).global_step
 
     @rpc_failures
-    def export_hf(self, path: str) -> int:
-        """Returns the number of tensors written."""
-        return self._stub.ExportHf(pb.ExportHfRequest(path=path), timeout=self._long).num_tensors
+    def export_hf(self, path: str, *, for_generators: bool = False) -> int:
+        """Returns the number of tensors written; for_generators: in the dtype they serve, not the checkpoint's."""
+        return self._stub.ExportHf(pb.ExportHfRequest(path=path, for_generators=for_generators),
+                                   timeout=self._long).num_tensors
 
     def close(self) -> None:
         self._channel.close()

@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import FailedPrecondition
-from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, make_bucket_plan
+from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import TrainerSettings
@@ -36,20 +34,17 @@ from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, 
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
-from trainer_svc.publish import DetachedPublishes, publish_weights
+from trainer_svc.publish import DetachedPublishes, plan_dtype, publish_weights, weight_sync_plan
 from trainer_svc.types import (
-    PAIRED_LOSSES,
-    BradleyTerryLossConfig,
+    LOSSES,
     CudaIpcExport,
-    DpoLossConfig,
-    GrpoLossConfig,
     LossConfig,
-    NllLossConfig,
     Policy,
     PublishResult,
     Sample,
     StepResult,
     TrainerInfo,
+    loss_kind,
 )
 
 
@@ -104,6 +99,7 @@ class _LoadCheckpoint:
 @dataclass(frozen=True)
 class _ExportHf:
     path: Path
+    for_generators: bool = False
 
 
 class TrainerEngine:
@@ -153,16 +149,15 @@ class TrainerEngine:
     def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
                    micro_batch_size: int, learning_rate: float | None = None) -> StepResult:
         """Optimizer steps over `samples`; learning_rate overrides the configured one for this call."""
-        if not isinstance(loss, GrpoLossConfig | NllLossConfig | DpoLossConfig | BradleyTerryLossConfig):
-            raise ValueError(f"unknown loss {type(loss).__name__}")
-        if self._reward_model != isinstance(loss, BradleyTerryLossConfig):
-            raise ValueError("the Bradley-Terry loss trains a reward model and a reward model trains only with it: "
+        kind = loss_kind(loss)
+        if self._reward_model != kind.reward_model:
+            names = " / ".join(k.config.__name__ for k in LOSSES if k.reward_model)
+            raise ValueError(f"a reward model trains only with {names}, and that loss only a reward model: "
                              f"got {type(loss).__name__} for a trainer with reward_model_cfg.enabled="
                              f"{str(self._reward_model).lower()}")
-        validate_samples(samples, self._backend.vocab_size,
-                         need_generation_logprobs=isinstance(loss, GrpoLossConfig))
+        validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=kind.needs_generation_logprobs)
         validate_train_layout(len(samples), global_batch_size, micro_batch_size, self._backend.world_size)
-        if isinstance(loss, PAIRED_LOSSES):
+        if kind.paired:
             validate_pairs(samples, global_batch_size, micro_batch_size, self._backend.world_size)
         if learning_rate is not None and not learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
@@ -256,8 +251,10 @@ class TrainerEngine:
         self._weights_moved = True
         return self._run(_LoadCheckpoint(target))
 
-    def export_hf(self, path: str) -> int:
-        return self._run(_ExportHf(writable_dir(path, "export")))
+    def export_hf(self, path: str, for_generators: bool = False) -> int:
+        """An HF checkpoint of the current weights, in the checkpoint's dtype, or with
+        `for_generators` (a version they load from it) in the one they serve (the bucket plan's)."""
+        return self._run(_ExportHf(writable_dir(path, "export"), for_generators))
 
     @property
     def serves_generation(self) -> bool:
@@ -330,14 +327,13 @@ class TrainerEngine:
                 return backend.save_checkpoint(path)
             case _LoadCheckpoint(path):
                 return backend.load_checkpoint(path)
-            case _ExportHf(path):
+            case _ExportHf(path, for_generators):
                 state = backend.gather_hf_state_dict()
-                adapters = getattr(backend, "export_adapter", None)  # LoRA (DTensor): the adapters too, in path/adapter
-                if adapters is not None:
-                    adapters(path / "adapter")
+                backend.export_adapter(path / "adapter")  # LoRA: the adapters too
                 if state is None:
                     return 0
-                return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=backend.checkpoint_dtype,
+                dtype = plan_dtype(self._plan) if for_generators else backend.checkpoint_dtype
+                return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=dtype,
                                            config=classifier_config(self._model_name) if self._reward_model else None)
         raise TypeError(f"unknown command {type(command).__name__}")
 
@@ -347,10 +343,7 @@ def build_engine(settings: TrainerSettings, log: Any, token: str) -> TrainerEngi
     The run's `token` seals both stores (tandem/stores.py)."""
     env = init_distributed(settings.lockstep_timeout_s, secret=token)
     backend = build_backend(settings, env)
-    sync_dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
-                  else getattr(torch, settings.weight_sync_dtype))
-    plan = make_bucket_plan(((name, shape, sync_dtype) for name, shape in backend.hf_tensor_shapes.items()),
-                            settings.weight_sync_bucket_bytes)
+    plan = weight_sync_plan(settings, backend)
     sender, fingerprint = None, ""
     if env.rank == 0:
         sender = WeightSender(host=settings.weight_sync_host, device=env.device, secret=token)

@@ -15,7 +15,7 @@ Tensor and batch conventions:
 - Loss normalisation is global: each micro-batch divides its masked token sum by the number
   of masked-in tokens of the whole optimizer step on all ranks, and gradients are SUMMED
   across ranks, so results do not depend on the split into micro-batches or ranks.
-- Preference losses (`PAIRED_LOSSES`: DPO, Bradley-Terry): samples[2k] is chosen and
+- Preference losses (`LossKind.paired` in `trainer_svc.types.LOSSES`: DPO, Bradley-Terry): samples[2k] is chosen and
   samples[2k + 1] rejected; a backend keeps each pair whole and in order in one micro-batch
   (the engine has checked that contiguous shards and micro-batches do) and normalises by the
   step's sequence count (pairs = sequences / 2). A loss with `takes_sequence_scores` (Bradley-
@@ -94,6 +94,12 @@ class TrainerBackend(Protocol):
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Collective: full CPU tensors of the current policy in HF names on rank 0, else None
         (the whole model at once: for HF export; publishing streams `iter_hf_tensors`)."""
+        ...
+
+    def export_adapter(self, path: Path) -> int:
+        """Collective: the LoRA adapters alone, in PEFT's layout, into directory `path` (rank 0),
+        beside an HF export of the merged weights; returns the adapter tensors written (0 on
+        other ranks, and where nothing trains adapters: nothing is written then)."""
         ...
 
     def save_checkpoint(self, path: Path) -> None:

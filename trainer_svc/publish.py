@@ -28,7 +28,26 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender
+from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender, make_bucket_plan
+from trainer_svc.config import TrainerSettings
+from trainer_svc.interfaces import TrainerBackend
+
+
+def weight_sync_plan(settings: TrainerSettings, backend: TrainerBackend) -> BucketPlan:
+    """The bucket plan of every publish (broadcast, held copy, CUDA IPC), made once at start: the
+    backend's HF tensors in the dtype the generators serve (`weight_sync_dtype`, which the
+    coordinator sets to the dtype it gives them; auto: the checkpoint's). Each tensor is cast to
+    it as it is packed (tandem.weight_sync.iter_buckets), whatever dtype it trains in."""
+    dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
+             else getattr(torch, settings.weight_sync_dtype))
+    return make_bucket_plan(((name, shape, dtype) for name, shape in backend.hf_tensor_shapes.items()),
+                            settings.weight_sync_bucket_bytes)
+
+
+def plan_dtype(plan: BucketPlan) -> torch.dtype:
+    """The one dtype `weight_sync_plan` gave every tensor: the generators'."""
+    (dtype,) = {spec.dtype for spec in plan.tensors}
+    return getattr(torch, dtype)
 
 
 def publish_weights(tensors: Iterable[tuple[str, torch.Tensor]], sender: WeightSender | None, group: GroupSpec,

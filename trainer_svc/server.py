@@ -24,17 +24,9 @@ from tandem.rpc import start_server
 from trainer_svc.config import TrainerSettings
 from trainer_svc.engine import TrainerEngine
 from trainer_svc.generation import TrainerGenerationEngine
-from trainer_svc.types import (
-    BradleyTerryLossConfig,
-    DpoLossConfig,
-    GrpoLossConfig,
-    LossConfig,
-    NllLossConfig,
-    Sample,
-)
+from trainer_svc.types import LOSSES, LossConfig, Sample, loss_kind_named
 
 SERVICE_NAME = "tandem.trainer.v1.TrainerService"
-_LOSSES = {"grpo": GrpoLossConfig, "nll": NllLossConfig, "dpo": DpoLossConfig, "bradley_terry": BradleyTerryLossConfig}
 
 
 def _sample(s: pb.Sample) -> Sample:
@@ -43,10 +35,11 @@ def _sample(s: pb.Sample) -> Sample:
 
 
 def _loss(request: pb.TrainStepRequest) -> LossConfig:
-    kind = request.WhichOneof("loss")
-    if kind is None:
-        raise ValueError("TrainStepRequest.loss is not set (grpo, nll, dpo or bradley_terry)")
-    return _LOSSES[kind](**from_pb(getattr(request, kind), _LOSSES[kind]))
+    name = request.WhichOneof("loss")
+    if name is None:
+        raise ValueError(f"TrainStepRequest.loss is not set ({', '.join(k.name for k in LOSSES)})")
+    config = loss_kind_named(name).config
+    return config(**from_pb(getattr(request, name), config))
 
 
 def _policy(request: pb.ComputeLogprobsRequest) -> str:
@@ -98,7 +91,8 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         return pb.LoadCheckpointResponse(global_step=await self._call(self._engine.load_checkpoint, request.path))
 
     async def ExportHf(self, request, context):
-        return pb.ExportHfResponse(num_tensors=await self._call(self._engine.export_hf, request.path))
+        return pb.ExportHfResponse(num_tensors=await self._call(self._engine.export_hf, request.path,
+                                                                request.for_generators))
 
     async def ExportCudaIpcWeights(self, request, context):
         result = await self._call(self._engine.export_cuda_ipc, request.version)

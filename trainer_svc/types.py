@@ -45,14 +45,15 @@ KlType = Literal["k1", "k2", "k3"]
 TruncatedImportanceSamplingType = Literal["tis", "icepop", "seq-mask-tis"]
 
 
-class _LossConfig(BaseModel):
-    """A loss's settings: validated at construction, immutable, unknown keys refused. The
-    coordinator's config uses these classes as its `loss_fn` / `dpo` sections (one schema)."""
+class LossConfig(BaseModel):
+    """A loss's settings (the base of every loss's own class, registered in `LOSSES`): validated
+    at construction, immutable, unknown keys refused. The coordinator's config uses these classes
+    as its `loss_fn` / `dpo` sections (one schema)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-class GrpoLossConfig(_LossConfig):
+class GrpoLossConfig(LossConfig):
     """NeMo-RL's ClippedPGLossFn (field names are its `loss_fn.*` keys; `trainer_svc.losses.grpo`
     states the formula): clipped ratio to the previous policy (clip-higher through separate
     min/max, dual-clip through ratio_clip_c), KL to the reference, importance-sampling correction
@@ -116,15 +117,15 @@ class GrpoLossConfig(_LossConfig):
         return self
 
 
-class NllLossConfig(_LossConfig):
+class NllLossConfig(LossConfig):
     """Token-mean negative log-likelihood of the masked completion tokens (SFT)."""
 
 
-class DpoLossConfig(_LossConfig):
+class DpoLossConfig(LossConfig):
     """NeMo-RL's DPOLossFn (field names are its `dpo.*` keys; `trainer_svc.losses.preference`
     states the formula): preference term -log sigmoid(beta * (r_chosen - r_rejected)) with
     r = summed (or averaged) token log-ratios to the frozen reference, plus an optional NLL term
-    on the chosen completions. Samples come in (chosen, rejected) pairs (see PAIRED_LOSSES)."""
+    on the chosen completions. Samples come in (chosen, rejected) pairs (`LossKind.paired`)."""
 
     reference_policy_kl_penalty: float = Field(0.05, gt=0)
     """beta: scale of the reward difference inside the sigmoid."""
@@ -144,14 +145,58 @@ class DpoLossConfig(_LossConfig):
         return self
 
 
-class BradleyTerryLossConfig(_LossConfig):
+class BradleyTerryLossConfig(LossConfig):
     """Bradley-Terry loss of a scalar-head reward model (a sequence classifier with one label):
     -log sigmoid(score(chosen) - score(rejected)), mean over pairs. Samples come in pairs."""
 
 
-LossConfig = GrpoLossConfig | NllLossConfig | DpoLossConfig | BradleyTerryLossConfig
-PAIRED_LOSSES = (DpoLossConfig, BradleyTerryLossConfig)
-"""Losses over preference pairs: samples[2k] (chosen) is preferred to samples[2k + 1] (rejected)."""
+@dataclass(frozen=True)
+class LossKind:
+    """One loss the trainer trains with, as `LOSSES` registers it: the client, the server, the
+    engine and the loss builder all read it from there (a new loss is one entry, its config class,
+    its `build` function and its message in TrainStepRequest's `loss` oneof)."""
+
+    name: str
+    """Its field in TrainStepRequest's `loss` oneof; that field's message carries `config`'s fields."""
+    config: type[LossConfig]
+    """Its settings."""
+    build: str
+    """"module:function" of the function that binds a `config` to its torch computation
+    (returns a `trainer_svc.losses.LossFn`); named, not imported, so this module needs no torch."""
+    paired: bool = False
+    """Samples come in preference pairs: samples[2k] (chosen) is preferred to samples[2k + 1] (rejected)."""
+    needs_generation_logprobs: bool = False
+    """Every sample carries the generator's logprobs of its completion."""
+    reward_model: bool = False
+    """Trains a scalar-head reward model, and a reward model (reward_model_cfg.enabled) trains with no other loss."""
+
+
+LOSSES: tuple[LossKind, ...] = (
+    LossKind("grpo", GrpoLossConfig, "trainer_svc.losses.grpo:build", needs_generation_logprobs=True),
+    LossKind("nll", NllLossConfig, "trainer_svc.losses.nll:build"),
+    LossKind("dpo", DpoLossConfig, "trainer_svc.losses.preference:build_dpo", paired=True),
+    LossKind("bradley_terry", BradleyTerryLossConfig, "trainer_svc.losses.preference:build_bradley_terry",
+             paired=True, reward_model=True),
+)
+"""Every loss the trainer trains with."""
+
+
+def loss_kind(config: LossConfig) -> LossKind:
+    """The registered loss whose settings `config` holds (an instance of its class or a subclass);
+    ValueError for anything else."""
+    for kind in LOSSES:
+        if isinstance(config, kind.config):
+            return kind
+    raise ValueError(f"unknown loss {type(config).__name__}: the trainer's losses are "
+                     f"{', '.join(k.config.__name__ for k in LOSSES)}")
+
+
+def loss_kind_named(name: str) -> LossKind:
+    """The registered loss called `name` (its `loss` oneof field); ValueError for an unknown one."""
+    for kind in LOSSES:
+        if kind.name == name:
+            return kind
+    raise ValueError(f"unknown loss {name!r}: one of {', '.join(k.name for k in LOSSES)}")
 
 
 @dataclass(frozen=True)

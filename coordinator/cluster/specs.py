@@ -18,12 +18,19 @@ from reward_svc.config import RewardModelSettings, RewardSettings, ScoringSettin
 from trainer_svc.config import GenerationSettings, TrainerSettings
 
 
+def serving_dtype(cfg: ExperimentConfig) -> str:
+    """The dtype the generators serve, given to them and to the trainer, which publishes in it
+    (not in the checkpoint's dtype: the generators get exactly the weights it trains)."""
+    return cfg.policy.precision
+
+
 def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
     policy = cfg.policy
     return TrainerSettings(
         model_name=model_dir, seed=cfg.grpo.seed, dtype=policy.precision, optimizer=policy.optimizer.kwargs,
         max_grad_norm=policy.max_grad_norm, dtensor_cfg=policy.dtensor_cfg, sequence_packing=policy.sequence_packing,
         reward_model_cfg=policy.reward_model_cfg, megatron_cfg=policy.megatron_cfg, weight_sync_host=cfg.cluster.host,
+        weight_sync_dtype=serving_dtype(cfg),
         generation=GenerationSettings(enabled=not policy.generation.backend.separate_services,
                                       max_num_seqs=policy.generation.mcore_generation_config.max_num_seqs,
                                       max_model_len=policy.max_total_sequence_length))
@@ -32,7 +39,7 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
 def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:
     generation = cfg.policy.generation
     return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization"}),
-                             model_name=model_dir, dtype=cfg.policy.precision, seed=cfg.grpo.seed + index,
+                             model_name=model_dir, dtype=serving_dtype(cfg), seed=cfg.grpo.seed + index,
                              scratch_dir=scratch, cache_dir=cache_root() / "vllm", colocated=generation.colocated.enabled,
                              gpu_memory_utilization=gpu_memory_utilization(cfg),
                              in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,

@@ -3,7 +3,7 @@ embedded tiny model, with the reward served from this process, and the reward go
 
 import pytest
 
-from tandem import train
+from coordinator.api import train
 
 pytestmark = pytest.mark.integration
 

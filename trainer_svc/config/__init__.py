@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from trainer_svc.config.lora import LoraSettings  # pydantic only
 from trainer_svc.config.megatron import MegatronSettings  # pydantic only: no torch, no megatron
@@ -159,18 +159,32 @@ class TrainerSettings(_Strict):
     weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)
     """Bytes per weight-sync bucket (one broadcast each)."""
     weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """dtype the generators receive; auto: the checkpoint's own dtype (config.json)."""
+    """dtype the generators receive: the one they serve (the coordinator sets it to the dtype it
+    gives them, policy.precision), so they serve what the trainer trains, in as few bytes as that
+    takes; auto: the checkpoint's own dtype (config.json), for a trainer started on its own."""
     lockstep_timeout_s: float = Field(7 * 24 * 3600, gt=0)
     """How long ranks other than 0 wait for the next command (time between RPCs)."""
     generation: GenerationSettings = GenerationSettings()
     """Generation served from the trainer's own model (Megatron backend only)."""
 
-    backend: TrainingBackend | None = Field(None, exclude=True)
+    backend: TrainingBackend | None = Field(None, exclude=True, validate_default=True)
     """Resolved from dtensor_cfg.enabled / megatron_cfg.enabled at load (resolve_backend); not a key to set."""
+
+    @field_validator("backend")
+    @classmethod
+    def _resolve_backend(cls, value: TrainingBackend | None, info: ValidationInfo) -> TrainingBackend | None:
+        """Derived while validating (the sections are declared above it, so they are validated
+        by now); whatever was passed is ignored. None when no backend is enabled (refused by
+        `_backend_chosen`) or a section failed its own validation (reported by it)."""
+        dtensor, megatron = info.data.get("dtensor_cfg"), info.data.get("megatron_cfg")
+        if dtensor is None or megatron is None or not (dtensor.enabled or megatron.enabled):
+            return None
+        return resolve_backend(dtensor, megatron)
 
     @model_validator(mode="after")
     def _backend_chosen(self) -> TrainerSettings:
-        object.__setattr__(self, "backend", resolve_backend(self.dtensor_cfg, self.megatron_cfg))
+        if self.backend is None:
+            resolve_backend(self.dtensor_cfg, self.megatron_cfg)  # raises, naming both keys
         if self.generation.enabled and self.backend is not TrainingBackend.MEGATRON:
             raise ValueError("generation.enabled serves generation from the Megatron model: set megatron_cfg.enabled=true")
         if self.generation.enabled and self.megatron_cfg.context_parallel_size > 1:

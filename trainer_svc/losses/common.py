@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,25 @@ class LossOutput:
 
     loss: torch.Tensor
     metrics: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossFn:
+    """A loss bound to its config, with what its inputs need computed beforehand (each loss's
+    `build` function, registered in `trainer_svc.types.LOSSES`, makes one)."""
+
+    compute: Callable[[torch.Tensor, LossInputs, float, float | None], LossOutput]
+    needs_previous_logprobs: bool
+    needs_reference_logprobs: bool
+    needs_generation_logprobs: bool
+    takes_sequence_scores: bool = False
+    """True: the first argument is one score per sequence [B] (a sequence classifier's scalar
+    head) instead of token logprobs [B, T-1]."""
+
+    def __call__(self, curr_logprobs: torch.Tensor, inputs: LossInputs, num_global_tokens: float,
+                 num_global_sequences: float | None = None) -> LossOutput:
+        """num_global_sequences: `count_loss_sequences` of the step; sequence-level losses need it."""
+        return self.compute(curr_logprobs, inputs, num_global_tokens, num_global_sequences)
 
 
 def global_denominator(num_global_tokens: float) -> float:

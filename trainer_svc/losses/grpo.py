@@ -31,11 +31,30 @@ tokens / sequences masked out). kl is 0 when the penalty is 0 (no reference logp
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from tandem.kl import kl_estimate
-from trainer_svc.losses.common import LossOutput, global_denominator
+from trainer_svc.losses.common import LossFn, LossInputs, LossOutput, global_denominator
 from trainer_svc.types import GrpoLossConfig
+
+
+def build(config: GrpoLossConfig) -> LossFn:
+    """The registered GRPO loss (trainer_svc.types.LOSSES)."""
+    return LossFn(partial(_grpo, config=config), needs_previous_logprobs=True,
+                  needs_reference_logprobs=config.reference_policy_kl_penalty > 0, needs_generation_logprobs=True)
+
+
+def _grpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_global_sequences: float | None, *,
+          config: GrpoLossConfig) -> LossOutput:
+    assert inputs.generation_logprobs is not None
+    # No previous logprobs: the weights have not moved since the step began (its first optimizer
+    # step, see `trainer_svc.losses.previous_logprobs_needed`), so they equal the current ones, detached.
+    prev = curr.detach() if inputs.prev_logprobs is None else inputs.prev_logprobs
+    return grpo_loss(curr, prev_logprobs=prev, generation_logprobs=inputs.generation_logprobs,
+                     reference_logprobs=inputs.reference_logprobs, advantages=inputs.advantages, mask=inputs.mask,
+                     num_global_tokens=num_global_tokens, num_global_sequences=num_global_sequences, config=config)
 
 
 class _Reduction:

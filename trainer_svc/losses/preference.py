@@ -22,11 +22,25 @@ and sft_loss.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
-from trainer_svc.losses.common import LossOutput, global_denominator
-from trainer_svc.types import DpoLossConfig
+from trainer_svc.losses.common import LossFn, LossInputs, LossOutput, global_denominator
+from trainer_svc.types import BradleyTerryLossConfig, DpoLossConfig
+
+
+def build_dpo(config: DpoLossConfig) -> LossFn:
+    """The registered DPO loss (trainer_svc.types.LOSSES)."""
+    return LossFn(partial(_dpo, config=config), needs_previous_logprobs=False, needs_reference_logprobs=True,
+                  needs_generation_logprobs=False)
+
+
+def build_bradley_terry(config: BradleyTerryLossConfig) -> LossFn:
+    """The registered Bradley-Terry loss (trainer_svc.types.LOSSES): one score per sequence."""
+    return LossFn(_bradley_terry, needs_previous_logprobs=False, needs_reference_logprobs=False,
+                  needs_generation_logprobs=False, takes_sequence_scores=True)
 
 
 def dpo_loss(curr_logprobs: torch.Tensor, *, reference_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -73,3 +87,20 @@ def _pair_metrics(rewards: torch.Tensor, pairs: float) -> dict[str, torch.Tensor
         "rewards_rejected_mean": rejected.sum() / pairs,
         "reward_margin": (chosen - rejected).sum() / pairs,
     }
+
+
+def _pairs(num_global_sequences: float | None) -> float:
+    assert num_global_sequences is not None, "preference losses need the step's sequence count"
+    return num_global_sequences / 2
+
+
+def _dpo(curr: torch.Tensor, inputs: LossInputs, num_global_tokens: float, num_global_sequences: float | None, *,
+         config: DpoLossConfig) -> LossOutput:
+    assert inputs.reference_logprobs is not None
+    return dpo_loss(curr, reference_logprobs=inputs.reference_logprobs, mask=inputs.mask,
+                    num_global_pairs=_pairs(num_global_sequences), config=config)
+
+
+def _bradley_terry(scores: torch.Tensor, inputs: LossInputs, num_global_tokens: float,
+                   num_global_sequences: float | None) -> LossOutput:
+    return bradley_terry_loss(scores, num_global_pairs=_pairs(num_global_sequences))

@@ -137,7 +137,8 @@ class SharedMemoryTransport:
         directory = self._directory / f"v{version}-{secrets.token_hex(4)}"
         start = time.perf_counter()
         try:
-            self._trainer.export_hf(str(directory))  # trainer rank 0 writes into the host's shared memory
+            # trainer rank 0 writes into the host's shared memory, in the dtype the generators serve
+            self._trainer.export_hf(str(directory), for_generators=True)
             num_bytes = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
             _load_all(generators, lambda i: SharedMemorySource(str(directory)), version, self._timeout_s)
         finally:

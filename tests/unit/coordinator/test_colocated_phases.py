@@ -49,7 +49,7 @@ class FakeTrainer:
         self.events.append(("trainer", "release", version))
         return True
 
-    def export_hf(self, path):
+    def export_hf(self, path, for_generators=False):
         Path(path).mkdir(parents=True)
         (Path(path) / "model.safetensors").write_bytes(b"x")
         self.events.append(("trainer", "export_hf"))

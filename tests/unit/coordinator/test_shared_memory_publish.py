@@ -21,7 +21,8 @@ class FakeTrainer:
     def __init__(self):
         self.exports: list[Path] = []
 
-    def export_hf(self, path: str) -> int:
+    def export_hf(self, path: str, for_generators: bool = False) -> int:
+        assert for_generators, "a version for the generators: in the dtype they serve"
         out = Path(path)
         out.mkdir(parents=True)
         (out / "model.safetensors").write_bytes(b"x" * 100)

@@ -338,6 +338,10 @@ class MegatronBackend:
                                                           rank=self.rank)
         return self.global_step
 
+    def export_adapter(self, path: Path) -> int:
+        """This backend trains no LoRA adapters (megatron_cfg has no lora_cfg): writes nothing."""
+        return 0
+
     def close(self) -> None:
         self._reference.clear()
         destroy_model_parallel()

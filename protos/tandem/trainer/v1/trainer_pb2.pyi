@@ -260,10 +260,12 @@ class LoadCheckpointResponse(_message.Message):
     def __init__(self, global_step: _Optional[int] = ...) -> None: ...
 
 class ExportHfRequest(_message.Message):
-    __slots__ = ("path",)
+    __slots__ = ("path", "for_generators")
     PATH_FIELD_NUMBER: _ClassVar[int]
+    FOR_GENERATORS_FIELD_NUMBER: _ClassVar[int]
     path: str
-    def __init__(self, path: _Optional[str] = ...) -> None: ...
+    for_generators: bool
+    def __init__(self, path: _Optional[str] = ..., for_generators: _Optional[bool] = ...) -> None: ...
 
 class ExportHfResponse(_message.Message):
     __slots__ = ("num_tensors",)
