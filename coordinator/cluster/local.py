@@ -31,8 +31,9 @@ from coordinator.cluster.server import CoordinatorServer
 from coordinator.cluster.services import Services
 from coordinator.cluster.specs import all_registered, launch_all, scratch_root
 from coordinator.cluster.status import RunStatus
-from coordinator.cluster.supervisor import Supervisor
+from coordinator.cluster.supervisor import Need, Supervisor
 from coordinator.config import ExperimentConfig
+from tandem.kinds import ServiceKind
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
@@ -141,25 +142,27 @@ class LocalCluster:
     def restart_trainer(self) -> None:
         """Relaunch the trainer (its process group is killed first) and wait until it registers;
         the generator it served itself (policy.generation.backend megatron) goes with it."""
-        old = [m for m in self.registry.live() if m.kind == "trainer" or m.shares_trainer_weights]
+        old = [m for m in self.registry.live() if m.kind is ServiceKind.TRAINER or m.shares_trainer_weights]
         self.launcher.restart("trainer")
         for member in old:
             self.registry.remove(member.member_id, reason="trainer relaunched")
             self.services.forget(member.member_id)
-        self.registry.wait_for(lambda members: any(m.kind == "trainer" for m in members),
+        self.registry.wait_for(lambda members: any(m.kind is ServiceKind.TRAINER for m in members),
                                self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _needs(self) -> dict[str, str]:
+    def _needs(self) -> dict[str, Need]:
         """What the run cannot go on without, for the supervisor's notices."""
         launched = self.launcher.pids()
-        needs = {"the trainer": "trainer"} if "trainer" in launched or self.cfg.cluster.launch == "external" else {}
+        needs = ({"the trainer": Need(ServiceKind.TRAINER)}
+                 if "trainer" in launched or not self.cfg.cluster.launch.starts_services else {})
         if self.cfg.algorithm.uses_rollouts and not self.trainer_only:
             if self.cfg.policy.generation.backend.separate_services:
-                needs["a generator"] = "generator"
-            needs.update({f"the reward service of task {task!r}": f"reward:{task}" for task in self.cfg.env})
+                needs["a generator"] = Need(ServiceKind.GENERATOR)
+            needs.update({f"the reward service of task {task!r}": Need(ServiceKind.REWARD, task)
+                          for task in self.cfg.env})
         return needs
 
     def close(self) -> None:

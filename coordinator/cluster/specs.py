@@ -15,6 +15,7 @@ from coordinator.config import ExperimentConfig
 from coordinator.embedded.cache import cache_root
 from generator_svc.config import GeneratorSettings
 from reward_svc.config import RewardModelSettings, RewardSettings, ScoringSettings
+from tandem.kinds import ServiceKind
 from trainer_svc.config import GenerationSettings, TrainerSettings
 
 
@@ -85,20 +86,20 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
     threads = service_threads(cfg)
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
-        *common), env=threads.env("trainer")))
+        *common), env=threads.env(ServiceKind.TRAINER)))
     if trainer_only or not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
         return
     for index in range(_num_generator_services(cfg)):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
-                                   env=threads.env("generator"),
+                                   env=threads.env(ServiceKind.GENERATOR),
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
     for task in (t for t, env in cfg.env.items() if not env.external):  # external: someone else serves it
         name = f"reward-{task}"
         launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
                                                        write(name, reward_settings(cfg, task)), *common),
-                                   env=threads.env("reward"),
+                                   env=threads.env(ServiceKind.REWARD),
                                    essential=False))  # swappable: its calls are retried (coordinator/loop/scoring.py)
 
 
@@ -110,8 +111,9 @@ class ServiceThreads:
     generator: int
     reward: int = 1
 
-    def env(self, kind: str) -> dict[str, str]:
-        threads = {"trainer": self.trainer_rank, "generator": self.generator, "reward": self.reward}[kind]
+    def env(self, kind: ServiceKind) -> dict[str, str]:
+        threads = {ServiceKind.TRAINER: self.trainer_rank, ServiceKind.GENERATOR: self.generator,
+                   ServiceKind.REWARD: self.reward}[kind]
         return {"OMP_NUM_THREADS": str(threads)}
 
 
@@ -140,9 +142,9 @@ def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
 
     def ready(members: list[Member]) -> bool:
         kinds = [m.kind for m in members]
-        tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
+        tasks = {t for m in members if m.kind is ServiceKind.REWARD for t in m.tasks}
         if trainer_only or not cfg.algorithm.uses_rollouts:
-            return "trainer" in kinds
-        return ("trainer" in kinds and kinds.count("generator") >= generators
+            return ServiceKind.TRAINER in kinds
+        return (ServiceKind.TRAINER in kinds and kinds.count(ServiceKind.GENERATOR) >= generators
                 and set(cfg.env) <= tasks)
     return ready
