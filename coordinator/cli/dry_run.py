@@ -86,7 +86,7 @@ def check_data(cfg: ExperimentConfig) -> str:
     from coordinator.loop.scoring import check_tasks_configured
 
     data = cfg.data
-    if data.dataset_name not in ("jsonl", "local"):
+    if not data.dataset_name.from_files:
         return f"the embedded {data.dataset_name} data ({data.num_train} train, {data.num_val} held out)"
     splits = [(Path(p), split) for p, split in ((data.train_path, data.train_split), (data.val_path, data.val_split))
               if p]

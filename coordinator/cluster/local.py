@@ -87,8 +87,8 @@ class LocalCluster:
         self.address = ""
         self.startup_s = 0.0
         self.supervisor = Supervisor(self.launcher, self.registry, self.status, log, needs=self._needs, notify=notify,
-                                     max_restarts=cfg.cluster.max_service_restarts,
-                                     backoff_s=cfg.cluster.restart_backoff_s, relaunch=cfg.cluster.launch == "local")
+                                     max_restarts=cfg.cluster.max_service_restarts, backoff_s=cfg.cluster.restart_backoff_s,
+                                     relaunch=cfg.cluster.launch.starts_services)
 
     def __enter__(self) -> Services:
         started = time.perf_counter()
@@ -101,7 +101,7 @@ class LocalCluster:
                 self.launcher.stop_all()
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
-            if self.cfg.cluster.launch == "local":
+            if self.cfg.cluster.launch.starts_services:
                 self._launch()
             else:
                 self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
@@ -129,7 +129,7 @@ class LocalCluster:
         try:
             return self.server.start()
         except OSError as exc:  # the previous address is taken: services started before must be replaced
-            if self.cfg.cluster.launch != "local":  # services started elsewhere look for it at this address
+            if not self.cfg.cluster.launch.starts_services:  # services started elsewhere look for it here
                 raise AddressTaken(f"the coordinator cannot listen where this run's services look for it ({exc}); "
                                   "stop the process that holds the port (an earlier coordinator of this run?) or "
                                   "set cluster.port") from exc

@@ -19,6 +19,7 @@ from coordinator.config import ConfigError, ExperimentConfig
 from coordinator.config.checks import check_machine
 from coordinator.data.model_checks import longest_prompt
 from coordinator.data.model_files import check_model_dir
+from coordinator.data.sources import data_source
 from coordinator.data.validate import (
     LengthReport,
     check_lengths,
@@ -52,7 +53,7 @@ def _check(cfg: ExperimentConfig, console: Console | None) -> tuple[str, Path, P
             if path is not None:
                 load_pairs(path, cfg.data, key)
         return model_dir, train_path, val_path
-    if cfg.data.dataset_name == "arithmetic":  # the embedded task: every prompt has the longest one's length
+    if data_source(cfg.data).uniform_prompts:  # the embedded task: every prompt has the longest one's length
         longest, source, _ = longest_prompt(cfg)
         overflowing = int(longest + cfg.policy.generation.max_new_tokens > cfg.policy.max_total_sequence_length)
         _warn(console, check_lengths(cfg, LengthReport(source, 1, [], overflowing, longest)))
@@ -73,7 +74,7 @@ def _warn(console: Console | None, warning: str | None) -> None:
 
 def _check_user_paths(cfg: ExperimentConfig) -> None:
     """The data files a jsonl run names exist, before anything is built."""
-    if cfg.data.dataset_name not in ("jsonl", "local"):
+    if not cfg.data.dataset_name.from_files:
         return
     for key in ("train_path", "val_path"):
         value = getattr(cfg.data, key)

@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from coordinator.config import ExperimentConfig
+from coordinator.data.sources import data_source
 from coordinator.embedded.cache import cache_root
 from tandem.rpc import TokenMissing, load_token
 
@@ -24,21 +25,15 @@ def make_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 def prepare_inputs(cfg: ExperimentConfig) -> tuple[str, Path, Path | None]:
-    """The model directory and the train/val files (building the embedded ones if asked: the
-    arithmetic task, or its toy preference pairs for DPO/RM)."""
+    """The model directory and the train/val files (the data source builds the embedded ones if
+    asked: the arithmetic task, or its toy preference pairs for DPO/RM)."""
     model_dir = cfg.policy.model_name
     if model_dir is None:
         from coordinator.embedded.tiny_model import ensure_tiny_model
 
         model_dir = str(ensure_tiny_model(cache_root()))
-    if cfg.data.dataset_name in ("arithmetic", "arithmetic_preference"):
-        from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
-        from coordinator.embedded.preference import ensure_preference_dataset
-
-        ensure = ensure_arithmetic_dataset if cfg.data.dataset_name == "arithmetic" else ensure_preference_dataset
-        train, val = ensure(cache_root(), cfg.data.seed, cfg.data.num_train, cfg.data.num_val)
-        return model_dir, train, val
-    return model_dir, Path(cfg.data.train_path), Path(cfg.data.val_path) if cfg.data.val_path else None
+    train, val = data_source(cfg.data).files(cfg.data)
+    return model_dir, train, val
 
 
 def run_token(run_dir: Path) -> str:
