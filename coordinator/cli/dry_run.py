@@ -65,9 +65,10 @@ def check_model(cfg: ExperimentConfig) -> str:
 
 def check_engine(cfg: ExperimentConfig) -> str:
     model_dir = _model_dir(cfg)
-    if not cfg.algorithm.uses_rollouts:
+    plan = cfg.service_plan
+    if not plan.generators:
         return f"{cfg.algorithm.value}: the trainer alone (no generation engine)"
-    if not cfg.policy.generation.backend.separate_services:
+    if not plan.generator_services:
         return "the trainer's Megatron model generates (checked when the trainer starts)"
     if cfg.policy.model_name is None:
         return "vLLM serves the embedded Llama model"

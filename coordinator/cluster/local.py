@@ -158,11 +158,12 @@ class LocalCluster:
         launched = self.launcher.pids()
         needs = ({"the trainer": Need(ServiceKind.TRAINER)}
                  if "trainer" in launched or not self.cfg.cluster.launch.starts_services else {})
-        if self.cfg.algorithm.uses_rollouts and not self.trainer_only:
-            if self.cfg.policy.generation.backend.separate_services:
+        if not self.trainer_only:
+            plan = self.cfg.service_plan
+            if plan.generator_services:
                 needs["a generator"] = Need(ServiceKind.GENERATOR)
             needs.update({f"the reward service of task {task!r}": Need(ServiceKind.REWARD, task)
-                          for task in self.cfg.env})
+                          for task in plan.reward_tasks})
         return needs
 
     def close(self) -> None:

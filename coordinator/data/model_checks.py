@@ -239,7 +239,7 @@ def check_model(cfg) -> None:
     """Every check for `cfg` (an ExperimentConfig); raises ModelCheckError, warns for an untested family."""
     policy, generation = cfg.policy, cfg.policy.generation
     model_dir = policy.model_name
-    samples = cfg.algorithm.uses_rollouts and generation.backend.separate_services
+    samples = cfg.service_plan.generator_services > 0  # vLLM generator services serve this checkpoint
     if model_dir is not None:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

@@ -62,8 +62,7 @@ class LengthReport:
 def measure_prompts(cfg: ExperimentConfig, examples: Sequence[Example], source: str) -> LengthReport:
     generation = cfg.policy.generation
     budget = generation.max_new_tokens
-    hard = (generation.vllm_cfg.max_model_len if generation.backend.separate_services
-            else cfg.policy.max_total_sequence_length)
+    hard, _ = cfg.policy.generation_limit
     refused, overflowing, longest = [], 0, 0
     for example in examples:
         length = len(example.prompt_ids)
@@ -81,8 +80,7 @@ def check_lengths(cfg: ExperimentConfig, report: LengthReport) -> str | None:
     generation = cfg.policy.generation
     budget = generation.max_new_tokens
     if report.refused:
-        limit_key = ("policy.generation.vllm_cfg.max_model_len" if generation.backend.separate_services
-                     else "policy.max_total_sequence_length")
+        _, limit_key = cfg.policy.generation_limit
         prompt, length = report.refused[0]
         raise ConfigError(f"{report.source}: {len(report.refused)} of {report.num_prompts} prompts are too long for "
                           f"the generators: prompt + policy.generation.max_new_tokens ({budget}) exceeds {limit_key}; "

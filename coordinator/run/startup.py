@@ -10,9 +10,8 @@ from tandem.kinds import ServiceKind
 
 def expected_services(cfg: ExperimentConfig) -> tuple[int, list[str]]:
     """(generators, reward tasks) the run waits for beside its trainer."""
-    if not cfg.algorithm.uses_rollouts:
-        return 0, []
-    return (cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 1), sorted(cfg.env)
+    plan = cfg.service_plan
+    return plan.generators, sorted(plan.reward_tasks)
 
 
 def describe_startup(cfg: ExperimentConfig, members: list[Member], trainer: bool = True) -> str:
