@@ -16,6 +16,7 @@ from generator_svc.config import GeneratorSettings
 from tandem import service
 from tandem.generation.engine import GenerationEngine
 from tandem.generation.servicer import SERVICE_NAME, GeneratorServicer, add_to_server
+from tandem.kinds import ServiceKind
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
 
@@ -50,7 +51,7 @@ async def serve(settings: GeneratorSettings, args: argparse.Namespace, token: st
         if servicer.engine is not None:
             await servicer.engine.drain(settings.drain_timeout_s)
 
-    announcement = Announcement(kind="generator", address=f"{args.advertise_host or args.host}:{running.port}",
+    announcement = Announcement(kind=ServiceKind.GENERATOR, address=f"{args.advertise_host or args.host}:{running.port}",
                                 capacity=settings.max_num_seqs)
     return await service.serve(running, args, announcement, lambda: _load(servicer.engine), log,
                                on_stop=close_engine, ready=load_engine, drain=drain_engine,

@@ -7,6 +7,7 @@ import asyncio
 from reward_svc.config import RewardSettings
 from reward_svc.engine import RewardEngine
 from reward_svc.server import SERVICE_NAME, RewardServicer, add_to_server
+from tandem.kinds import ServiceKind
 from tandem.logs import configure_logging
 from tandem.membership import Announcement, Load
 from tandem.rpc import load_token, start_server
@@ -28,7 +29,7 @@ async def main() -> int:
                                  host=args.host, port=args.port, token=token, log=log)
     await engine.warm_up()
     address = f"{args.advertise_host or args.host}:{running.port}"
-    announcement = Announcement(kind="reward", address=address, tasks=sorted(settings.tasks))
+    announcement = Announcement(kind=ServiceKind.REWARD, address=address, tasks=sorted(settings.tasks))
 
     async def close() -> None:
         engine.close()

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reward_svc.server import SERVICE_NAME, RewardServicer, add_to_server
 from reward_svc.types import RewardInfo, ScoreItem, ScoreResult, StepItem, StepResult
+from tandem.kinds import ServiceKind
 from tandem.membership import Announcement, Load, MembershipAgent
 from tandem.rpc import start_server
 
@@ -89,7 +90,7 @@ class FunctionRewardService:
         await self._running.mark_ready()
         self.address = self._running.address
         self._agent = MembershipAgent(coordinator_address, token, Announcement(
-            kind="reward", address=self.address, tasks=[self.env.task]), Load, self._log)
+            kind=ServiceKind.REWARD, address=self.address, tasks=[self.env.task]), Load, self._log)
         self._agent.start()
         self._log.info("service_ready", address=self.address)
 

@@ -28,6 +28,7 @@ import grpc
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from tandem.convert import enum_to_pb
+from tandem.kinds import ServiceKind
 from tandem.rpc import TOKEN_METADATA_KEY
 
 CALL_TIMEOUT_S = 5.0
@@ -37,7 +38,7 @@ CALL_TIMEOUT_S = 5.0
 class Announcement:
     """What a service tells the coordinator about itself."""
 
-    kind: str
+    kind: ServiceKind
     address: str
     model_fingerprint: str = ""
     capacity: int = 0

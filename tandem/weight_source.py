@@ -68,17 +68,20 @@ def source_to_json(source: WeightSource) -> str:
     return json.dumps({"kind": _KINDS[type(source)], **fields})
 
 
+_FROM_JSON = {  # the inverse of _KINDS: a source's fields (less its kind) -> the source
+    "shared_memory": lambda raw: SharedMemorySource(**raw),
+    "collective": lambda raw: CollectiveSource(GroupSpec(**raw["group"]), raw["rank"], plan_from_dict(raw["plan"])),
+    "cuda_ipc": lambda raw: CudaIpcSource(tuple(base64.b64decode(b) for b in raw["buckets"]),
+                                          plan_from_dict(raw["plan"])),
+}
+
+
 def source_from_json(text: str) -> WeightSource:
     raw = json.loads(text)
     kind = raw.pop("kind")
-    if kind == "shared_memory":
-        return SharedMemorySource(**raw)
-    plan = plan_from_dict(raw.pop("plan"))
-    if kind == "collective":
-        return CollectiveSource(GroupSpec(**raw["group"]), raw["rank"], plan)
-    if kind == "cuda_ipc":
-        return CudaIpcSource(tuple(base64.b64decode(b) for b in raw["buckets"]), plan)
-    raise ValueError(f"unknown weight source kind {kind!r}")
+    if not isinstance(kind, str) or kind not in _FROM_JSON:
+        raise ValueError(f"unknown weight source kind {kind!r}")
+    return _FROM_JSON[kind](raw)
 
 
 def plan_from_dict(raw: dict) -> BucketPlan:

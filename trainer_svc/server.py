@@ -19,6 +19,7 @@ from protos.tandem.trainer.v1 import trainer_pb2_grpc as pb_grpc
 from tandem import service
 from tandem.convert import enum_from_pb, from_pb, group_from_pb, plan_to_pb, to_pb
 from tandem.generation import servicer as generator_contract
+from tandem.kinds import ServiceKind
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
 from trainer_svc.config import TrainerSettings
@@ -122,8 +123,8 @@ async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse
     also = []
     if generator.engine is not None:
         info = generator.engine.info
-        also.append((Announcement("generator", address, fingerprint, capacity=settings.generation.max_num_seqs,
+        also.append((Announcement(ServiceKind.GENERATOR, address, fingerprint, capacity=settings.generation.max_num_seqs,
                                   shares_trainer_weights=True),
                      lambda: Load(num_inflight=info().num_running, weight_version=info().weight_version)))
-    return await service.serve(running, args, Announcement("trainer", address, fingerprint),
+    return await service.serve(running, args, Announcement(ServiceKind.TRAINER, address, fingerprint),
                                lambda: Load(weight_version=engine.weight_version), log, also=also)

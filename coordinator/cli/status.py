@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coordinator.cluster.client import CoordinatorClient, RunStatusView
+from tandem.kinds import ServiceKind
 from tandem.rpc import RpcFailure, TokenMissing, load_token
 
 COMPOSE_TOKEN = Path(".tandem/compose/token")
@@ -71,9 +72,9 @@ def show_status(address: str | None, run_dir: Path | None, console: Console) -> 
     return 0
 
 
-def _weights(kind: str, version: int) -> str:
+def _weights(kind: ServiceKind | None, version: int) -> str:
     """Generators and trainers serve weight versions; a reward service has none."""
-    return f"v{version}" if kind in ("generator", "trainer") else "-"
+    return f"v{version}" if kind is not None and kind.holds_weights else "-"
 
 
 def print_status(s: RunStatusView, console: Console) -> None:
@@ -81,7 +82,7 @@ def print_status(s: RunStatusView, console: Console) -> None:
     rows = []
     for m in s.members:
         load = f"{m.num_inflight}/{m.capacity}" if m.capacity else str(m.num_inflight)
-        kind = f"{m.kind} ({', '.join(m.tasks)})" if m.tasks else m.kind
+        kind = f"{m.kind or '?'} ({', '.join(m.tasks)})" if m.tasks else str(m.kind or "?")
         rows.append((m.member_id, kind, m.address, str(m.pid), _weights(m.kind, m.weight_version), load, m.health,
                      f"{m.last_seen_ms_ago} ms ago"))
     headers = ("member", "kind", "address", "pid", "weights", "load", "health", "last seen")

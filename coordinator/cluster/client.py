@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from tandem.convert import from_pb
+from tandem.kinds import ServiceKind
 from tandem.rpc import open_channel, rpc_failures
 
 
 @dataclass(frozen=True)
 class MemberView:
     member_id: str
-    kind: str
+    kind: ServiceKind | None
+    """None: the coordinator did not say."""
     address: str
     weight_version: int
     num_inflight: int
@@ -39,6 +41,12 @@ class RunStatusView:
     """Relaunches of the services the run launched, by service name."""
 
 
+def _member(message: pb.Member) -> MemberView:
+    fields = {"health": "?", **from_pb(message)}
+    kind = fields.pop("kind", None)
+    return MemberView(kind=ServiceKind(kind) if kind else None, **fields)
+
+
 class CoordinatorClient:
     def __init__(self, address: str, token: str | None):
         self.address = address
@@ -48,7 +56,7 @@ class CoordinatorClient:
     @rpc_failures
     def run_status(self, timeout_s: float = 5.0) -> RunStatusView:
         reply = self._stub.GetRunStatus(pb.GetRunStatusRequest(), timeout=timeout_s)
-        members = tuple(MemberView(**{"kind": "?", "health": "?", **from_pb(m)}) for m in reply.members)
+        members = tuple(_member(m) for m in reply.members)
         return RunStatusView(**from_pb(reply, skip=("members", "last_metrics", "service_restarts")), members=members,
                              last_metrics=dict(reply.last_metrics), service_restarts=dict(reply.service_restarts))
 

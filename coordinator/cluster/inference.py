@@ -9,6 +9,7 @@ from coordinator.cluster.local import LocalCluster
 from coordinator.cluster.registry import Member
 from coordinator.cluster.specs import generator_settings, reward_settings, scratch_root
 from coordinator.config import ExperimentConfig
+from tandem.kinds import ServiceKind
 
 
 def launch_inference(cfg: ExperimentConfig, model_dir: str, run_dir, coordinator: str, launcher: LocalLauncher) -> None:
@@ -32,8 +33,8 @@ def launch_inference(cfg: ExperimentConfig, model_dir: str, run_dir, coordinator
 def inference_ready(cfg: ExperimentConfig):
     """Predicate over live members: every generator and every task's reward service."""
     def ready(members: list[Member]) -> bool:
-        tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
-        return sum(m.kind == "generator" for m in members) >= cfg.cluster.num_generators and set(cfg.env) <= tasks
+        tasks = {t for m in members if m.kind is ServiceKind.REWARD for t in m.tasks}
+        return sum(m.kind is ServiceKind.GENERATOR for m in members) >= cfg.cluster.num_generators and set(cfg.env) <= tasks
     return ready
 
 

@@ -31,8 +31,9 @@ from coordinator.cluster.server import CoordinatorServer
 from coordinator.cluster.services import Services
 from coordinator.cluster.specs import all_registered, launch_all, scratch_root
 from coordinator.cluster.status import RunStatus
-from coordinator.cluster.supervisor import Supervisor
+from coordinator.cluster.supervisor import Need, Supervisor
 from coordinator.config import ExperimentConfig
+from tandem.kinds import ServiceKind
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
@@ -86,8 +87,8 @@ class LocalCluster:
         self.address = ""
         self.startup_s = 0.0
         self.supervisor = Supervisor(self.launcher, self.registry, self.status, log, needs=self._needs, notify=notify,
-                                     max_restarts=cfg.cluster.max_service_restarts,
-                                     backoff_s=cfg.cluster.restart_backoff_s, relaunch=cfg.cluster.launch == "local")
+                                     max_restarts=cfg.cluster.max_service_restarts, backoff_s=cfg.cluster.restart_backoff_s,
+                                     relaunch=cfg.cluster.launch.starts_services)
 
     def __enter__(self) -> Services:
         started = time.perf_counter()
@@ -100,7 +101,7 @@ class LocalCluster:
                 self.launcher.stop_all()
             for service in self.hosted:
                 service.start(self.address, self.token, self.cfg.cluster.host)
-            if self.cfg.cluster.launch == "local":
+            if self.cfg.cluster.launch.starts_services:
                 self._launch()
             else:
                 self.log.info("waiting_for_services", address=self.address, generators=self.cfg.cluster.num_generators,
@@ -128,7 +129,7 @@ class LocalCluster:
         try:
             return self.server.start()
         except OSError as exc:  # the previous address is taken: services started before must be replaced
-            if self.cfg.cluster.launch != "local":  # services started elsewhere look for it at this address
+            if not self.cfg.cluster.launch.starts_services:  # services started elsewhere look for it here
                 raise AddressTaken(f"the coordinator cannot listen where this run's services look for it ({exc}); "
                                   "stop the process that holds the port (an earlier coordinator of this run?) or "
                                   "set cluster.port") from exc
@@ -141,25 +142,28 @@ class LocalCluster:
     def restart_trainer(self) -> None:
         """Relaunch the trainer (its process group is killed first) and wait until it registers;
         the generator it served itself (policy.generation.backend megatron) goes with it."""
-        old = [m for m in self.registry.live() if m.kind == "trainer" or m.shares_trainer_weights]
+        old = [m for m in self.registry.live() if m.kind is ServiceKind.TRAINER or m.shares_trainer_weights]
         self.launcher.restart("trainer")
         for member in old:
             self.registry.remove(member.member_id, reason="trainer relaunched")
             self.services.forget(member.member_id)
-        self.registry.wait_for(lambda members: any(m.kind == "trainer" for m in members),
+        self.registry.wait_for(lambda members: any(m.kind is ServiceKind.TRAINER for m in members),
                                self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _needs(self) -> dict[str, str]:
+    def _needs(self) -> dict[str, Need]:
         """What the run cannot go on without, for the supervisor's notices."""
         launched = self.launcher.pids()
-        needs = {"the trainer": "trainer"} if "trainer" in launched or self.cfg.cluster.launch == "external" else {}
-        if self.cfg.algorithm.uses_rollouts and not self.trainer_only:
-            if self.cfg.policy.generation.backend.separate_services:
-                needs["a generator"] = "generator"
-            needs.update({f"the reward service of task {task!r}": f"reward:{task}" for task in self.cfg.env})
+        needs = ({"the trainer": Need(ServiceKind.TRAINER)}
+                 if "trainer" in launched or not self.cfg.cluster.launch.starts_services else {})
+        if not self.trainer_only:
+            plan = self.cfg.service_plan
+            if plan.generator_services:
+                needs["a generator"] = Need(ServiceKind.GENERATOR)
+            needs.update({f"the reward service of task {task!r}": Need(ServiceKind.REWARD, task)
+                          for task in plan.reward_tasks})
         return needs
 
     def close(self) -> None:

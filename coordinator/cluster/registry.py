@@ -19,12 +19,13 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from coordinator.cluster.versions import WeightVersions
+from tandem.kinds import ServiceKind
 
 
 @dataclass(frozen=True)
 class Member:
     member_id: str
-    kind: str  # "trainer" | "generator" | "reward"
+    kind: ServiceKind
     address: str
     model_fingerprint: str = ""
     capacity: int = 0
@@ -47,12 +48,12 @@ def health(member: Member, now: float, heartbeat_interval_s: float, versions: We
         return "leaving"
     if now - member.last_seen > 2 * heartbeat_interval_s:
         return "late"
-    if member.kind == "generator" and versions is not None and not versions.is_current(member.member_id):
+    if member.kind is ServiceKind.GENERATOR and versions is not None and not versions.is_current(member.member_id):
         return "stale_weights"
     return "healthy"
 
 
-def check_announcement(kind: str, address: str, capacity: int, tasks: tuple[str, ...], pid: int) -> None:
+def check_announcement(kind: ServiceKind, address: str, capacity: int, tasks: tuple[str, ...], pid: int) -> None:
     """ValueError unless the announcement is one the run can use: a host:port address (port
     1-65535), no negative capacity or pid, and for a reward service the tasks it scores."""
     host, _, port = address.rpartition(":")
@@ -61,7 +62,7 @@ def check_announcement(kind: str, address: str, capacity: int, tasks: tuple[str,
         raise ValueError(f"address {address[:80]!r} is not host:port (a port from 1 to 65535)")
     if capacity < 0 or pid < 0:
         raise ValueError(f"capacity ({capacity}) and pid ({pid}) cannot be negative")
-    if kind == "reward" and (not tasks or any(not t or len(t) > 200 or not t.isprintable() for t in tasks)):
+    if kind is ServiceKind.REWARD and (not tasks or any(not t or len(t) > 200 or not t.isprintable() for t in tasks)):
         raise ValueError("a reward service must name the tasks it scores (non-empty, printable, at most 200 "
                          "characters)")
 
@@ -78,9 +79,10 @@ class Registry:
         self.run_over = False
         """Set when the run ends: heartbeats tell every member to stop (coordinator/cluster/dismiss.py)."""
 
-    def register(self, kind: str, address: str, *, model_fingerprint: str = "", capacity: int = 0,
+    def register(self, kind: ServiceKind, address: str, *, model_fingerprint: str = "", capacity: int = 0,
                  tasks: tuple[str, ...] = (), pid: int = 0, shares_trainer_weights: bool = False) -> str:
         """The new member's id; ValueError for an announcement the run could not use."""
+        kind = ServiceKind(kind)  # a kind's name ("generator") is one too; ValueError for any other
         check_announcement(kind, address, capacity, tasks, pid)
         with self._lock:
             # The same server came back (e.g. re-registering). One server may hold two kinds
@@ -129,11 +131,11 @@ class Registry:
             self._log.warning("member_lost", member_id=member_id, kind=member.kind, address=member.address,
                               reason=reason)
 
-    def live(self, kind: str | None = None) -> list[Member]:
+    def live(self, kind: ServiceKind | None = None) -> list[Member]:
         """Members that may get new work (not leaving), sorted by member id."""
         return [m for m in self.members(kind) if not m.leaving]
 
-    def members(self, kind: str | None = None) -> list[Member]:
+    def members(self, kind: ServiceKind | None = None) -> list[Member]:
         """Every member still heard from, leaving ones included (what status shows)."""
         now = time.monotonic()
         expired = []

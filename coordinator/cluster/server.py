@@ -12,6 +12,7 @@ from coordinator.cluster.status import RunStatus
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from tandem.convert import enum_from_pb, enum_to_pb
+from tandem.kinds import ServiceKind
 from tandem.rpc import RunningServer, start_server
 
 SERVICE_NAME = "tandem.coordinator.v1.CoordinatorService"
@@ -28,7 +29,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServiceServicer):
         if kind is None or not request.address:
             raise ValueError("register needs a service kind and an address")
         member_id = self._registry.register(
-            kind, request.address, model_fingerprint=request.model_fingerprint,
+            ServiceKind(kind), request.address, model_fingerprint=request.model_fingerprint,
             capacity=request.capacity, tasks=tuple(request.tasks), pid=request.pid,
             shares_trainer_weights=request.shares_trainer_weights)
         return pb.RegisterResponse(member_id=member_id,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from coordinator.cluster.registry import Member, Registry
 from generator_svc.client import GeneratorClient
 from reward_svc.client import RewardClient
+from tandem.kinds import ServiceKind
 from trainer_svc.client import TrainerClient
 
 
@@ -40,7 +41,7 @@ class Services:
 
     @property
     def trainer(self) -> TrainerClient:
-        trainers = self._registry.live("trainer")
+        trainers = self._registry.live(ServiceKind.TRAINER)
         if not trainers:
             raise RuntimeError("no live trainer")
         return self._client(trainers[0], TrainerClient)
@@ -49,7 +50,7 @@ class Services:
         """Every live generator, whatever weights it serves (the loop admits only current ones
         to rollouts: coordinator/loop/context.py)."""
         return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity, m.shares_trainer_weights)
-                for m in self._registry.live("generator")]
+                for m in self._registry.live(ServiceKind.GENERATOR)]
 
     def forget(self, member_id: str) -> None:
         """Close the cached client of a member that is gone."""
@@ -68,7 +69,7 @@ class Services:
     def reward_clients(self) -> dict[str, RewardClient]:
         """Task -> the client of the live reward service that serves it (looked up anew each call)."""
         by_task: dict[str, RewardClient] = {}
-        for member in self._registry.live("reward"):  # sorted by member id: a task served twice takes one
+        for member in self._registry.live(ServiceKind.REWARD):  # sorted by member id: a task served twice takes one
             for task in member.tasks:
                 by_task.setdefault(task, self._client(member, RewardClient))
         return by_task

@@ -102,10 +102,10 @@ def plan(cfg: ExperimentConfig) -> Layout:
                              f"cluster.num_nodes ({cluster.num_nodes}): every node runs as many ranks")
     else:
         ranks = cluster.trainer_ranks // cluster.num_nodes
-    rollouts = cfg.algorithm.uses_rollouts
-    generators = cluster.num_generators if rollouts and generation.backend != "megatron" else 0
+    services = cfg.service_plan
+    generators = services.generator_services
     gen_nodes, per_node, gen_gpus = _generator_nodes(cfg, generators)
-    tasks = tuple(t for t, env in cfg.env.items() if not env.external) if rollouts else ()
+    tasks = tuple(t for t in services.reward_tasks if not cfg.env[t].external)
     return Layout(cluster.num_nodes, ranks, cluster.gpus_per_node, generators, gen_nodes, per_node, gen_gpus, tasks)
 
 

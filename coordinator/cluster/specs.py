@@ -15,6 +15,7 @@ from coordinator.config import ExperimentConfig
 from coordinator.embedded.cache import cache_root
 from generator_svc.config import GeneratorSettings
 from reward_svc.config import RewardModelSettings, RewardSettings, ScoringSettings
+from tandem.kinds import ServiceKind
 from trainer_svc.config import GenerationSettings, TrainerSettings
 
 
@@ -92,20 +93,21 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
     threads = service_threads(cfg)
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
-        *common), env=threads.env("trainer")))
-    if trainer_only or not cfg.algorithm.uses_rollouts:  # dpo, rm: the trainer alone
+        *common), env=threads.env(ServiceKind.TRAINER)))
+    if trainer_only:
         return
-    for index in range(_num_generator_services(cfg)):
+    plan = cfg.service_plan  # dpo, rm: no generators and no reward services
+    for index in range(plan.generator_services):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
-                                   env=threads.env("generator"),
+                                   env=threads.env(ServiceKind.GENERATOR),
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
-    for task in (t for t, env in cfg.env.items() if not env.external):  # external: someone else serves it
+    for task in (t for t in plan.reward_tasks if not cfg.env[t].external):  # external: someone else serves it
         name = f"reward-{task}"
         launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
                                                        write(name, reward_settings(cfg, task)), *common),
-                                   env=threads.env("reward"),
+                                   env=threads.env(ServiceKind.REWARD),
                                    essential=False))  # swappable: its calls are retried (coordinator/loop/scoring.py)
 
 
@@ -117,8 +119,9 @@ class ServiceThreads:
     generator: int
     reward: int = 1
 
-    def env(self, kind: str) -> dict[str, str]:
-        threads = {"trainer": self.trainer_rank, "generator": self.generator, "reward": self.reward}[kind]
+    def env(self, kind: ServiceKind) -> dict[str, str]:
+        threads = {ServiceKind.TRAINER: self.trainer_rank, ServiceKind.GENERATOR: self.generator,
+                   ServiceKind.REWARD: self.reward}[kind]
         return {"OMP_NUM_THREADS": str(threads)}
 
 
@@ -129,27 +132,22 @@ def service_threads(cfg: ExperimentConfig, cores: int | None = None) -> ServiceT
     if cfg.cluster.threads_per_service is not None:
         return ServiceThreads(cfg.cluster.threads_per_service, cfg.cluster.threads_per_service)
     cores = cores or len(os.sched_getaffinity(0))
-    generators = max(_num_generator_services(cfg), 1)
+    generators = max(cfg.service_plan.generator_services, 1)
     trainer_cores = cores // 2 if cfg.grpo.async_grpo.enabled and cores > 1 else cores
     generator_cores = cores - trainer_cores if cfg.grpo.async_grpo.enabled and cores > 1 else cores
     return ServiceThreads(max(1, trainer_cores // cfg.cluster.trainer_ranks), max(1, generator_cores // generators))
 
 
-def _num_generator_services(cfg: ExperimentConfig) -> int:
-    """Generator services to launch or wait for: none when the trainer is the generator."""
-    return cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 0
-
-
 def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
     """Predicate over live members: the trainer, every generator (the trainer's own, with
     policy.generation.backend megatron) and every task's reward service; trainer_only: the trainer."""
-    generators = max(_num_generator_services(cfg), 1)
+    plan = cfg.service_plan
 
     def ready(members: list[Member]) -> bool:
         kinds = [m.kind for m in members]
-        tasks = {t for m in members if m.kind == "reward" for t in m.tasks}
-        if trainer_only or not cfg.algorithm.uses_rollouts:
-            return "trainer" in kinds
-        return ("trainer" in kinds and kinds.count("generator") >= generators
-                and set(cfg.env) <= tasks)
+        tasks = {t for m in members if m.kind is ServiceKind.REWARD for t in m.tasks}
+        if trainer_only:
+            return ServiceKind.TRAINER in kinds
+        return (ServiceKind.TRAINER in kinds and kinds.count(ServiceKind.GENERATOR) >= plan.generators
+                and set(plan.reward_tasks) <= tasks)
     return ready

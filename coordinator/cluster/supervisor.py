@@ -21,18 +21,36 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from coordinator.cluster.launcher import LocalLauncher
-from coordinator.cluster.registry import Registry
+from coordinator.cluster.registry import Member, Registry
 from coordinator.cluster.status import RunStatus
+from tandem.kinds import ServiceKind
+
+
+@dataclass(frozen=True)
+class Need:
+    """A service the run cannot go on without: one of a kind, or (task set) the reward service of a task."""
+
+    kind: ServiceKind
+    task: str | None = None
+
+    def met_by(self, live: list[Member]) -> bool:
+        return any(m.kind is self.kind and (self.task is None or self.task in m.tasks) for m in live)
+
+    @property
+    def names(self) -> str:
+        """The start of the launched services' names that serve it: generator-0, ...; reward-math."""
+        return f"{self.kind}-{self.task}" if self.task is not None else str(self.kind)
 
 
 class Supervisor:
     def __init__(self, launcher: LocalLauncher, registry: Registry, status: RunStatus, log, *,
-                 needs: Callable[[], dict[str, str]], notify: Callable[[str], None] | None = None,
+                 needs: Callable[[], dict[str, Need]], notify: Callable[[str], None] | None = None,
                  max_restarts: int = 3, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
                  notice_period_s: float = 5.0, grace_s: float = 1.0, poll_s: float = 0.25, relaunch: bool = True):
-        """needs(): what the run needs now, as {label: member kind or "reward:<task>"}."""
+        """needs(): what the run needs now, as {label: Need}."""
         self._launcher, self._registry, self._status, self._log = launcher, registry, status, log
         self._needs, self._notify = needs, notify or (lambda text: None)
         self._max_restarts, self._backoff_s, self._max_backoff_s = max_restarts, backoff_s, max_backoff_s
@@ -98,16 +116,13 @@ class Supervisor:
 
     def _announce(self, now: float) -> None:
         live = self._registry.live()
-        kinds = {m.kind for m in live}
-        tasks = {t for m in live if m.kind == "reward" for t in m.tasks}
         for label, need in self._needs().items():
-            present = (need.removeprefix("reward:") in tasks) if need.startswith("reward:") else need in kinds
-            if present:
+            if need.met_by(live):
                 if label in self._noticed_at:
                     self._say(f"{label}: back after {now - self._missing_since[label]:.0f}s", event="service_back")
                 self._missing_since.pop(label, None)
                 self._noticed_at.pop(label, None)
-                for name in [n for n in self._relaunched_at if n.startswith(_prefix(need))]:
+                for name in [n for n in self._relaunched_at if n.startswith(need.names)]:
                     del self._relaunched_at[name]
                 continue
             since = self._missing_since.setdefault(label, now)
@@ -117,9 +132,9 @@ class Supervisor:
                 self._say(f"waiting for {label} ({now - since:.0f}s): {self._doing(need, now)}",
                           event="waiting_for_service")
 
-    def _doing(self, need: str, now: float) -> str:
+    def _doing(self, need: Need, now: float) -> str:
         """What is being done about a missing kind: the relaunches under way, or nothing."""
-        names = sorted(n for n in {*self._due, *self._relaunched_at, *self._given_up} if n.startswith(_prefix(need)))
+        names = sorted(n for n in {*self._due, *self._relaunched_at, *self._given_up} if n.startswith(need.names))
         parts = []
         for name in names:
             if name in self._due:
@@ -137,7 +152,3 @@ class Supervisor:
         self._log.warning(event, message=text)
         self._notify(text)
 
-
-def _prefix(need: str) -> str:
-    """The launched service names that serve a need: "generator" -> generator-0, ...; "reward:math" -> reward-math."""
-    return "reward-" + need.removeprefix("reward:") if need.startswith("reward:") else need

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -9,8 +10,33 @@ from pydantic import Field, model_validator
 from coordinator.config.section import Section
 
 
+class DatasetName(StrEnum):
+    """Where the rows come from, chosen once at load; what each source holds is said here, how it
+    is prepared and read by its object in coordinator/data/sources.py."""
+
+    ARITHMETIC = "arithmetic"
+    ARITHMETIC_PREFERENCE = "arithmetic_preference"
+    JSONL = "jsonl"
+    LOCAL = "local"
+
+    @property
+    def from_files(self) -> bool:
+        """Rows from the user's data.train_path / data.val_path (else built here and cached)."""
+        return self in (DatasetName.JSONL, DatasetName.LOCAL)
+
+    @property
+    def holds_prompts(self) -> bool:
+        """May hold prompt/answer rows (what GRPO and SFT train on)."""
+        return self is not DatasetName.ARITHMETIC_PREFERENCE
+
+    @property
+    def holds_pairs(self) -> bool:
+        """May hold prompt/chosen/rejected pairs (what DPO and RM train on)."""
+        return self in (DatasetName.ARITHMETIC_PREFERENCE, DatasetName.JSONL)
+
+
 class DataConfig(Section):
-    dataset_name: Literal["arithmetic", "arithmetic_preference", "jsonl", "local"] = "arithmetic"
+    dataset_name: DatasetName = DatasetName.ARITHMETIC
     """`arithmetic`: the embedded synthetic task; `arithmetic_preference`: its embedded toy preference
     pairs (dpo/rm); `jsonl`: train_path / val_path JSONL files (prompt/answer rows, or
     prompt/chosen/rejected); `local`: train_path / val_path read with the `datasets` library
@@ -57,6 +83,6 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _paths_for_jsonl(self) -> DataConfig:
-        if self.dataset_name in ("jsonl", "local") and not self.train_path:
+        if self.dataset_name.from_files and not self.train_path:
             raise ValueError(f"data.train_path is required when data.dataset_name is {self.dataset_name}")
         return self

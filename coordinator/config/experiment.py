@@ -6,6 +6,7 @@ span several of them; loading.py parses files and overrides into it.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -18,6 +19,21 @@ from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolv
 from coordinator.config.run import CheckpointingConfig, ClusterConfig, LoggerConfig
 from coordinator.config.section import Section
 from trainer_svc.config import TrainingBackend
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    """The services a run is made of beside its trainer, decided once by its algorithm (rollouts
+    or not) and its generation backend: what is launched, waited for and kept alive follows from
+    it, with nothing downstream re-deciding it."""
+
+    generator_services: int
+    """Generator services launched (local) or waited for (external): none for a run without
+    rollouts (dpo, rm), or when the trainer generates (policy.generation.backend megatron)."""
+    generators: int
+    """Generators that must be live: the generator services, or the trainer's own one."""
+    reward_tasks: tuple[str, ...]
+    """The env.<task>s whose reward services must be live (none without rollouts), in config order."""
 
 
 class ExperimentConfig(Section):
@@ -46,6 +62,14 @@ class ExperimentConfig(Section):
             object.__setattr__(self, name, section)
         check_length_keys(self)
         return self
+
+    @property
+    def service_plan(self) -> ServicePlan:
+        """The services beside the trainer (ServicePlan)."""
+        if not self.algorithm.uses_rollouts:
+            return ServicePlan(0, 0, ())
+        launched = self.cluster.num_generators if self.policy.generation.backend.separate_services else 0
+        return ServicePlan(launched, launched or 1, tuple(self.env))
 
     @property
     def derived(self) -> dict[str, str]:

@@ -172,6 +172,14 @@ class PolicyConfig(Section):
                              "policy.megatron_cfg.enabled=true (or policy.generation.backend=vllm)")
         return self
 
+    @property
+    def generation_limit(self) -> tuple[int, str]:
+        """The longest prompt + completion the generators take, and the key that sets it: vLLM's
+        max_model_len, or the trainer's own limit when it generates (generation.backend megatron)."""
+        if self.generation.backend.separate_services:
+            return self.generation.vllm_cfg.max_model_len, "policy.generation.vllm_cfg.max_model_len"
+        return self.max_total_sequence_length, "policy.max_total_sequence_length"
+
     @field_validator("model_name")
     @classmethod
     def _model_dir_exists(cls, value: str | None) -> str | None:

@@ -14,6 +14,7 @@ from enum import Enum
 
 from pydantic import ConfigDict, Field
 
+from coordinator.config.data import DatasetName
 from coordinator.config.section import Section
 from trainer_svc.config import RewardModelTrainingSettings
 from trainer_svc.types import DpoLossConfig
@@ -70,7 +71,7 @@ class RMConfig(Section):
 
 
 def resolve_algorithm(dpo: DPOConfig | None, rm: RMConfig | None, reward_model: RewardModelTrainingSettings,
-                      dataset_name: str) -> Algorithm:
+                      dataset_name: DatasetName) -> Algorithm:
     """The run's algorithm from its sections; ValueError naming the keys to change."""
     if dpo is not None and rm is not None:
         raise ValueError("a config holds a dpo section or an rm section, not both: remove one")
@@ -78,11 +79,10 @@ def resolve_algorithm(dpo: DPOConfig | None, rm: RMConfig | None, reward_model: 
     if reward_model.enabled != (algorithm is Algorithm.RM):
         raise ValueError("policy.reward_model_cfg.enabled must be true exactly when the config has an rm section "
                          "(reward-model training): set both or neither")
-    preference_data = dataset_name in ("arithmetic_preference", "jsonl")
-    if not algorithm.uses_rollouts and not preference_data:
+    if not algorithm.uses_rollouts and not dataset_name.holds_pairs:
         raise ValueError(f"{algorithm.value} trains on preference pairs: set data.dataset_name to "
                          "arithmetic_preference (the embedded toy pairs) or jsonl (prompt/chosen/rejected rows)")
-    if algorithm.uses_rollouts and dataset_name == "arithmetic_preference":
+    if algorithm.uses_rollouts and not dataset_name.holds_prompts:
         raise ValueError("data.dataset_name arithmetic_preference holds preference pairs, for a dpo or rm run; "
                          "use arithmetic or jsonl for GRPO/SFT")
     return algorithm

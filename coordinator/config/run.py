@@ -3,11 +3,39 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from coordinator.config.section import Section
+
+
+class Launch(StrEnum):
+    """Who starts the run's services (`cluster.launch`), chosen once at load: callers ask it what
+    that means for them instead of comparing its name."""
+
+    LOCAL = "local"
+    """Tandem starts every service as its own child process."""
+    EXTERNAL = "external"
+    """Someone else starts them (docker compose, several hosts) with `--coordinator`."""
+
+    @property
+    def starts_services(self) -> bool:
+        """Whether the run launches its services itself (and so relaunches the ones that die, and
+        may move the coordinator to another port: what it launches is told the new address)."""
+        return self is Launch.LOCAL
+
+    @property
+    def dismisses_services(self) -> bool:
+        """Whether the run tells its services at the end that it is over: the ones someone else
+        started outlive the run's own processes and leave only when told."""
+        return not self.starts_services
+
+    @property
+    def startup(self) -> str:
+        """What the run does while its services come up, in words."""
+        return "starting" if self.starts_services else "waiting for"
 
 
 class ClusterConfig(Section):
@@ -31,7 +59,7 @@ class ClusterConfig(Section):
     """Address services bind and advertise."""
     port: int = Field(0, ge=0, le=65535)
     """Port of the coordinator's membership server (0: any free port; launch: external wants a fixed one)."""
-    launch: Literal["local", "external"] = "local"
+    launch: Launch = Launch.LOCAL
     """local: start every service as a child process. external: start none (docker compose, several
     hosts): wait for a trainer, num_generators generators and every task's reward service to register."""
     startup_timeout_s: float = Field(300, gt=0)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coordinator.config.data import DataConfig
-from coordinator.data.examples import jsonl_rows
+from coordinator.data.sources import jsonl_rows
 
 
 @dataclass(frozen=True)

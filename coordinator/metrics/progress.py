@@ -32,6 +32,7 @@ from rich.text import Text
 
 from coordinator.cluster.registry import Member
 from coordinator.config import ExperimentConfig
+from tandem.kinds import ServiceKind
 
 
 def _clock(seconds: float) -> str:
@@ -144,19 +145,18 @@ def _repeating(target: Callable[..., None], *args) -> Iterator[None]:
 
 def expected_services(cfg: ExperimentConfig) -> tuple[int, list[str]]:
     """(generators, reward tasks) the run waits for beside its trainer."""
-    if not cfg.algorithm.uses_rollouts:
-        return 0, []
-    return (cfg.cluster.num_generators if cfg.policy.generation.backend.separate_services else 1), sorted(cfg.env)
+    plan = cfg.service_plan
+    return plan.generators, sorted(plan.reward_tasks)
 
 
 def describe_startup(cfg: ExperimentConfig, members: list[Member], trainer: bool = True) -> str:
     generators, tasks = expected_services(cfg)
     kinds = [m.kind for m in members]
-    parts = [f"trainer {min(kinds.count('trainer'), 1)}/1"] if trainer else []
+    parts = [f"trainer {min(kinds.count(ServiceKind.TRAINER), 1)}/1"] if trainer else []
     if generators:
-        parts.append(f"generators {min(kinds.count('generator'), generators)}/{generators}")
+        parts.append(f"generators {min(kinds.count(ServiceKind.GENERATOR), generators)}/{generators}")
     if tasks:
-        served = {t for m in members if m.kind == "reward" for t in m.tasks}
+        served = {t for m in members if m.kind is ServiceKind.REWARD for t in m.tasks}
         missing = [t for t in tasks if t not in served]
         parts.append(f"rewards {len(tasks) - len(missing)}/{len(tasks)}"
                      + (f" (waiting: {', '.join(missing)})" if missing else ""))

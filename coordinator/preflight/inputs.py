@@ -32,7 +32,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from coordinator.config import ConfigError, ExperimentConfig
-from coordinator.embedded.inputs import prepare_data, prepare_model
+from coordinator.data.inputs import prepare_data, prepare_model
+from coordinator.data.sources import data_source
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.preflight.data import load_examples, load_pairs, load_tokens
 from coordinator.preflight.lengths import check_lengths, measure_embedded_task, measure_examples
@@ -43,7 +44,7 @@ from coordinator.preflight.model_files import check_model_dir
 
 def check_inputs(cfg: ExperimentConfig, console: Console | None = None) -> tuple[str, Path, Path | None]:
     """`tandem run`'s checks (building the embedded inputs if asked); returns the model directory
-    and the train/val files, as coordinator.embedded.inputs.prepare_inputs."""
+    and the train/val files, as coordinator.data.inputs.prepare_inputs."""
     checks = Preflight(cfg)
     with console.status("checking the model and the data...") if console is not None else nullcontext():
         for _, stage in checks.stages():
@@ -76,7 +77,7 @@ class Preflight:
     def machine(self) -> str:
         check_machine(self.cfg)
         data = self.cfg.data
-        if data.dataset_name in ("jsonl", "local"):
+        if data.dataset_name.from_files:
             for key in ("train_path", "val_path"):
                 value = getattr(data, key)
                 if value is not None and not Path(value).exists():
@@ -98,14 +99,14 @@ class Preflight:
 
     def data(self) -> str:
         cfg, data = self.cfg, self.cfg.data
-        if self.build or data.dataset_name in ("jsonl", "local"):
+        if self.build or data.dataset_name.from_files:
             self.train_path, self.val_path = prepare_data(cfg)
         sources = {"data.train_path": (self.train_path, data.train_split),
                    "data.val_path": (self.val_path, data.val_split)}
         if not cfg.algorithm.uses_rollouts:
             pairs = {key: len(load_pairs(path, data, key)) for key, (path, _) in sources.items() if path is not None}
             return ", ".join(f"{key}: {n} pairs" for key, n in pairs.items()) or f"the embedded {data.dataset_name} pairs"
-        if cfg.policy.model_name is None and data.dataset_name == "arithmetic":  # every default run
+        if cfg.policy.model_name is None and data_source(data).uniform_prompts:  # every default run
             return self._lengths(measure_embedded_task(cfg))
         if self.train_path is None:  # a dry run, the embedded task not built yet
             return f"the embedded {data.dataset_name} data ({data.num_train} train, {data.num_val} held out)"
@@ -142,9 +143,10 @@ class Preflight:
 
     def engine(self) -> str:
         cfg = self.cfg
-        if not cfg.algorithm.uses_rollouts:
+        plan = self.cfg.service_plan
+        if not plan.generators:
             return f"{cfg.algorithm.value}: the trainer alone (no generation engine)"
-        if not cfg.policy.generation.backend.separate_services:
+        if not plan.generator_services:
             return "the trainer's Megatron model generates (checked when the trainer starts)"
         if cfg.policy.model_name is None:
             return "vLLM serves the embedded Llama model"

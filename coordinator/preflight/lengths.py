@@ -30,16 +30,9 @@ class LengthReport:
     longest: int
 
 
-def generator_limit(cfg: ExperimentConfig) -> tuple[int, str]:
-    """The longest prompt + completion the generators take, and the key that sets it."""
-    if cfg.policy.generation.backend.separate_services:
-        return cfg.policy.generation.vllm_cfg.max_model_len, "policy.generation.vllm_cfg.max_model_len"
-    return cfg.policy.max_total_sequence_length, "policy.max_total_sequence_length"
-
-
 def measure_prompts(cfg: ExperimentConfig, prompts: Sequence[tuple[str, int]], source: str) -> LengthReport:
     """`prompts`: (text, tokens) of each prompt of `source`."""
-    budget, (hard, _) = cfg.policy.generation.max_new_tokens, generator_limit(cfg)
+    budget, (hard, _) = cfg.policy.generation.max_new_tokens, cfg.policy.generation_limit
     refused = [(text, length) for text, length in prompts if length + budget > hard]
     overflowing = sum(length + budget > cfg.policy.max_total_sequence_length for _, length in prompts)
     return LengthReport(source, len(prompts), refused, overflowing, max((n for _, n in prompts), default=0))
@@ -67,7 +60,7 @@ def _embedded_prompts() -> tuple[str, int, int]:
 def check_lengths(cfg: ExperimentConfig, report: LengthReport) -> str | None:
     """ConfigError for prompts the generators would refuse, or too many past
     policy.max_total_sequence_length; the warning to show for fewer (None: all fit)."""
-    budget, (_, limit_key) = cfg.policy.generation.max_new_tokens, generator_limit(cfg)
+    budget, (_, limit_key) = cfg.policy.generation.max_new_tokens, cfg.policy.generation_limit
     if report.refused:
         prompt, length = report.refused[0]
         raise ConfigError(f"{report.source}: {len(report.refused)} of {report.num_prompts} prompts are too long for "

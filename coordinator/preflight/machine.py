@@ -67,8 +67,7 @@ def check_kv_cache_memory(cfg: ExperimentConfig, meminfo: Path = Path("/proc/mem
     """CPU generators launched here reserve vllm_cfg.kv_cache_space_gib each at start: all of
     them together must fit in the memory this machine has available."""
     generation = cfg.policy.generation
-    if (cfg.cluster.launch != "local" or cfg.cluster.gpus_per_node or not generation.backend.separate_services
-            or not cfg.algorithm.uses_rollouts):
+    if not cfg.cluster.launch.starts_services or cfg.cluster.gpus_per_node or not cfg.service_plan.generator_services:
         return
     available = available_memory_bytes(meminfo)
     wanted = generation.vllm_cfg.kv_cache_space_gib * cfg.cluster.num_generators * GIB

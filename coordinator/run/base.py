@@ -69,7 +69,7 @@ class RunBase:
         cluster = cluster_type(self.cfg, model_dir, self.run_dir, run_token(self.run_dir), self.log, self.status,
                                self.hosted, adopt=adopt, meanwhile=meanwhile,
                                notify=lambda text: self.progress.note(f"[yellow]{escape(text)}[/]"))
-        verb = "waiting for" if self.cfg.cluster.launch == "external" else "starting"
+        verb = self.cfg.cluster.launch.startup
         trainer = cluster_type is LocalCluster
 
         def describe() -> str:
@@ -83,7 +83,7 @@ class RunBase:
             self.progress.note(f"services up in {self.timings['startup_s']:.1f}s")
             yield services, cluster
         finally:
-            if self.cfg.cluster.launch == "external":  # started by someone else: they leave by themselves
+            if self.cfg.cluster.launch.dismisses_services:  # started by someone else: they leave by themselves
                 dismiss_services(cluster.registry, DISMISS_TIMEOUT_S, self.log)
             cluster.close()
             self.cluster = None

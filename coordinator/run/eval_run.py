@@ -22,8 +22,8 @@ from coordinator.cluster.inference import InferenceCluster
 from coordinator.cluster.services import GeneratorHandle, Services
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import read_examples
+from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
-from coordinator.embedded.inputs import prepare_inputs
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.validation import validate

@@ -16,7 +16,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None) -> Export:
     the log goes to <run>/logs/export.log."""
     from coordinator.cluster.local import LocalCluster
     from coordinator.config import load_config
-    from coordinator.embedded.inputs import prepare_inputs
+    from coordinator.data.inputs import prepare_inputs
     from coordinator.run.paths import token_file
     from tandem.logs import file_logger
 

@@ -29,8 +29,8 @@ from coordinator.cluster.recovery import trainer_dead
 from coordinator.cluster.services import Services
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read_examples
+from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
-from coordinator.embedded.inputs import prepare_inputs
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.loop.validation import validate

@@ -22,9 +22,9 @@ from coordinator.cluster.local import HostedService
 from coordinator.config import ExperimentConfig
 from coordinator.config.preference import Algorithm
 from coordinator.data.examples import PromptCursor
+from coordinator.data.inputs import prepare_inputs
 from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
-from coordinator.embedded.inputs import prepare_inputs
 from coordinator.metrics.log import plot_curves
 from coordinator.run.base import RunBase
 from trainer_svc.client import TrainerClient

@@ -1,12 +1,14 @@
 """The layout as tests: the import contracts of pyproject.toml hold (lint-imports), a planted
-import across each boundary breaks its contract, no project module is part of an import cycle,
-and every file and function is small enough to read in one sitting."""
+import across each boundary breaks its contract, and no project module is part of an import
+cycle. File and function lengths are review thresholds: what exceeds them is reported (the
+warnings summary), never a failure."""
 
 import ast
 import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import grimp
@@ -16,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("coordinator", "trainer_svc", "generator_svc", "reward_svc", "tandem", "protos")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+"""Review thresholds, reported by test_long_files_and_functions_are_reported_for_review."""
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
@@ -98,19 +101,43 @@ def _project_files() -> list[Path]:
                   if "_pb2" not in p.name)
 
 
-def test_files_and_functions_are_small_enough_to_read_in_one_sitting():
-    too_long = []
-    for path in _project_files():
+def too_long(paths: list[Path], root: Path) -> list[str]:
+    """Each file over MAX_FILE_LINES lines and each function over MAX_FUNCTION_LINES, in words."""
+    found = []
+    for path in paths:
         text = path.read_text()
-        name = path.relative_to(ROOT)
+        name = path.relative_to(root)
         if text.count("\n") > MAX_FILE_LINES:
-            too_long.append(f"{name}: {text.count(chr(10))} lines")
+            found.append(f"{name}: {text.count(chr(10))} lines")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = node.end_lineno - node.lineno + 1
                 if length > MAX_FUNCTION_LINES:
-                    too_long.append(f"{name}:{node.lineno} {node.name}(): {length} lines")
-    assert too_long == [], "split these by responsibility:\n" + "\n".join(too_long)
+                    found.append(f"{name}:{node.lineno} {node.name}(): {length} lines")
+    return found
+
+
+def test_long_files_and_functions_are_reported_for_review():
+    """Lengths are review thresholds, not caps (a split must follow a responsibility, not a line
+    count): what exceeds them is listed in the run's warnings summary, and the test passes."""
+    found = too_long(_project_files(), ROOT)
+    if found:
+        # a builtin category: pytest-xdist sends warnings to the controller by their class's import path
+        warnings.warn(UserWarning(f"length report: {len(found)} past the review thresholds ({MAX_FILE_LINES} lines a "
+                                  f"file, {MAX_FUNCTION_LINES} a function); see whether each reads in one sitting:\n  "
+                                  + "\n  ".join(found)), stacklevel=1)
+
+
+def test_the_length_report_finds_a_long_file_and_a_long_function(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    long_function = tmp_path / "function.py"
+    long_function.write_text(f"def planted():\n{body}")
+    long_file = tmp_path / "file.py"
+    long_file.write_text("x = 1\n" * (MAX_FILE_LINES + 1))
+    short = tmp_path / "short.py"
+    short.write_text("def fine():\n    return 1\n")
+    assert too_long([long_function, long_file, short], tmp_path) == [
+        f"function.py:1 planted(): {MAX_FUNCTION_LINES + 1} lines", f"file.py: {MAX_FILE_LINES + 1} lines"]
 
 
 @pytest.mark.parametrize("path", [ROOT / "README.md"])

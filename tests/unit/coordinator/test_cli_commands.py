@@ -9,6 +9,7 @@ from rich.console import Console
 from coordinator.cli.main import main
 from coordinator.cli.status import print_status, show_status
 from coordinator.cluster.client import MemberView, RunStatusView
+from tandem.kinds import ServiceKind
 from tests import procs
 
 
@@ -79,8 +80,8 @@ def test_status_says_plainly_that_no_run_is_in_progress(tmp_path, monkeypatch):
 
 
 def _status() -> RunStatusView:
-    members = (MemberView("generator-0123abcd", "generator", "10.0.0.2:41000", 3, 12, 250, (), 256, 4242, "healthy"),
-               MemberView("reward-89abcdef", "reward", "10.0.0.3:42000", 0, 0, 300, ("arithmetic",), 0, 4343,
+    members = (MemberView("generator-0123abcd", ServiceKind.GENERATOR, "10.0.0.2:41000", 3, 12, 250, (), 256, 4242, "healthy"),
+               MemberView("reward-89abcdef", ServiceKind.REWARD, "10.0.0.3:42000", 0, 0, 300, ("arithmetic",), 0, 4343,
                           "healthy"))
     return RunStatusView("20261124-demo", "sft", 40, 2000, 3, members, {})
 

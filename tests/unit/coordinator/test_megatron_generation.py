@@ -13,6 +13,7 @@ from coordinator.cluster.specs import all_registered, launch_all, trainer_settin
 from coordinator.config import ConfigError, load_config
 from coordinator.loop.weights.publisher import WeightPublisher
 from coordinator.loop.weights.transports import CollectiveTransport
+from tandem.kinds import ServiceKind
 from tandem.weight_sync import BucketPlan
 
 LOG = structlog.get_logger()
@@ -55,10 +56,10 @@ def test_the_trainer_generates_and_no_generator_service_is_launched(tmp_path: Pa
     launch_all(cfg, "model", tmp_path, "127.0.0.1:1", launcher)
     assert launcher.names == ["trainer", "reward-arithmetic"]
     ready = all_registered(cfg)
-    trainer = Member("t", "trainer", "a:1")
-    reward = Member("r", "reward", "a:3", tasks=("arithmetic",))
+    trainer = Member("t", ServiceKind.TRAINER, "a:1")
+    reward = Member("r", ServiceKind.REWARD, "a:3", tasks=("arithmetic",))
     assert not ready([trainer, reward])
-    assert ready([trainer, Member("g", "generator", "a:1", shares_trainer_weights=True), reward])
+    assert ready([trainer, Member("g", ServiceKind.GENERATOR, "a:1", shares_trainer_weights=True), reward])
 
 
 def test_one_server_registers_as_trainer_and_generator():

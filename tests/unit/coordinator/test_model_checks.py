@@ -8,10 +8,11 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from coordinator.config import ConfigError, load_config
-from coordinator.embedded.inputs import prepare_model
+from coordinator.data.inputs import prepare_model
 from coordinator.embedded.tiny_model import build_tiny_model
 from coordinator.preflight import Preflight
 from coordinator.preflight import model as mc
+from trainer_svc.config import TrainingBackend
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +63,15 @@ def test_missing_architectures_and_non_causal_lm_are_refused(tiny, tmp_path):
     with pytest.raises(ConfigError, match="names no `architectures`"):
         load(edited(tiny, tmp_path, architectures=None))
     with pytest.raises(mc.ModelCheckError, match="BertForMaskedLM is not a causal language model"):
-        mc.check_architecture({"architectures": ["BertForMaskedLM"]}, "dtensor", ["LlamaForCausalLM"])
+        mc.check_architecture({"architectures": ["BertForMaskedLM"]}, TrainingBackend.DTENSOR, ["LlamaForCausalLM"])
 
 
 def test_megatron_takes_only_the_converter_families():
     with pytest.raises(mc.ModelCheckError, match=r"policy.megatron_cfg.enabled: .*Qwen3ForCausalLM: set "
                                                  r"policy.megatron_cfg.enabled=false"):
-        mc.check_architecture({"architectures": ["Qwen3ForCausalLM"]}, "megatron", ["Qwen3ForCausalLM"])
-    assert mc.check_architecture({"architectures": ["Qwen2ForCausalLM"]}, "megatron", ["Qwen2ForCausalLM"]) is None
+        mc.check_architecture({"architectures": ["Qwen3ForCausalLM"]}, TrainingBackend.MEGATRON, ["Qwen3ForCausalLM"])
+    assert mc.check_architecture({"architectures": ["Qwen2ForCausalLM"]}, TrainingBackend.MEGATRON,
+                                 ["Qwen2ForCausalLM"]) is None
 
 
 def test_megatron_refusals_of_the_converter_are_said_at_load(tiny, tmp_path):
@@ -81,7 +83,8 @@ def test_megatron_refusals_of_the_converter_are_said_at_load(tiny, tmp_path):
 
 
 def test_an_untested_family_is_a_warning_not_an_error():
-    message = mc.check_architecture({"architectures": ["Phi3ForCausalLM"]}, "dtensor", ["Phi3ForCausalLM"])
+    message = mc.check_architecture({"architectures": ["Phi3ForCausalLM"]}, TrainingBackend.DTENSOR,
+                                    ["Phi3ForCausalLM"])
     assert "not among the families" in message and "grpo.max_token_mult_prob_error" in message
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from coordinator.cluster.registry import Member
 from coordinator.config import load_config
 from coordinator.metrics.progress import RunProgress, describe_startup
+from tandem.kinds import ServiceKind
 
 STAMP = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
 
@@ -71,7 +72,7 @@ def test_a_terminal_gets_the_rich_bar_not_lines():
 
 def test_startup_description_counts_each_kind_against_the_config():
     cfg = load_config(overrides=["cluster.num_generators=2"])
-    members = [Member("trainer-1", "trainer", "a:1"), Member("generator-1", "generator", "a:2")]
+    members = [Member("trainer-1", ServiceKind.TRAINER, "a:1"), Member("generator-1", ServiceKind.GENERATOR, "a:2")]
     assert describe_startup(cfg, members) == "trainer 1/1, generators 1/2, rewards 0/1 (waiting: arithmetic)"
-    members.append(Member("reward-1", "reward", "a:3", tasks=("arithmetic",)))
+    members.append(Member("reward-1", ServiceKind.REWARD, "a:3", tasks=("arithmetic",)))
     assert describe_startup(cfg, members, trainer=False) == "generators 1/2, rewards 1/1"

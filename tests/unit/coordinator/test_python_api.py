@@ -10,6 +10,7 @@ from coordinator.cluster.registry import Member
 from coordinator.cluster.specs import all_registered, launch_all
 from coordinator.config import ConfigError
 from coordinator.embedded.tiny_model import build_tiny_model
+from tandem.kinds import ServiceKind
 
 
 def test_the_kernel_does_not_reach_the_api():
@@ -76,10 +77,10 @@ def test_reward_fns_mark_their_task_external_so_local_launch_skips_it(tmp_path):
 
     launch_all(cfg, str(tmp_path), tmp_path, "127.0.0.1:1", Launcher())
     assert names == ["trainer", "generator-0", "reward-arithmetic"]  # custom: served by the caller
-    members = [Member("t", "trainer", "a:1"), Member("g", "generator", "a:2"),
-               Member("r", "reward", "a:3", tasks=("arithmetic",))]
+    members = [Member("t", ServiceKind.TRAINER, "a:1"), Member("g", ServiceKind.GENERATOR, "a:2"),
+               Member("r", ServiceKind.REWARD, "a:3", tasks=("arithmetic",))]
     assert not all_registered(cfg)(members)  # still waits for custom's service to register
-    assert all_registered(cfg)([*members, Member("f", "reward", "a:4", tasks=("custom",))])
+    assert all_registered(cfg)([*members, Member("f", ServiceKind.REWARD, "a:4", tasks=("custom",))])
 
 
 def test_train_rejects_rows_without_answers_and_mixed_tasks(tmp_path):

@@ -5,7 +5,8 @@ import structlog
 
 from coordinator.cluster.registry import Member
 from coordinator.cluster.status import RunStatus
-from coordinator.cluster.supervisor import Supervisor
+from coordinator.cluster.supervisor import Need, Supervisor
+from tandem.kinds import ServiceKind
 
 
 class FakeLauncher:
@@ -34,11 +35,11 @@ class FakeRegistry:
         return list(self.members)
 
 
-TRAINER = Member("t", "trainer", "a:1")
-GENERATOR = Member("g", "generator", "a:2")
-REWARD = Member("r", "reward", "a:3", tasks=("arithmetic",))
-NEEDS = {"the trainer": "trainer", "a generator": "generator", "the reward service of task 'arithmetic'":
-         "reward:arithmetic"}
+TRAINER = Member("t", ServiceKind.TRAINER, "a:1")
+GENERATOR = Member("g", ServiceKind.GENERATOR, "a:2")
+REWARD = Member("r", ServiceKind.REWARD, "a:3", tasks=("arithmetic",))
+NEEDS = {"the trainer": Need(ServiceKind.TRAINER), "a generator": Need(ServiceKind.GENERATOR),
+         "the reward service of task 'arithmetic'": Need(ServiceKind.REWARD, "arithmetic")}
 
 
 def _supervisor(launcher, registry, notices, **kwargs) -> tuple[Supervisor, RunStatus]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from coordinator.config import ExperimentConfig
+from coordinator.data.sources import data_source
 from coordinator.embedded.cache import cache_root
 
 
@@ -19,15 +20,9 @@ def prepare_model(cfg: ExperimentConfig) -> str:
 
 
 def prepare_data(cfg: ExperimentConfig) -> tuple[Path, Path | None]:
-    """The train and val files (building the embedded ones if asked: the arithmetic task, or its
-    toy preference pairs for DPO/RM)."""
-    if cfg.data.dataset_name in ("arithmetic", "arithmetic_preference"):
-        from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
-        from coordinator.embedded.preference import ensure_preference_dataset
-
-        ensure = ensure_arithmetic_dataset if cfg.data.dataset_name == "arithmetic" else ensure_preference_dataset
-        return ensure(cache_root(), cfg.data.seed, cfg.data.num_train, cfg.data.num_val)
-    return Path(cfg.data.train_path), Path(cfg.data.val_path) if cfg.data.val_path else None
+    """The train and val files (the data source builds the embedded ones if asked: the arithmetic
+    task, or its toy preference pairs for DPO/RM)."""
+    return data_source(cfg.data).files(cfg.data)
 
 
 def prepare_inputs(cfg: ExperimentConfig) -> tuple[str, Path, Path | None]:
