@@ -30,15 +30,15 @@ from pathlib import Path
 import structlog
 
 from coordinator.algorithms.grpo import grpo_step
-from coordinator.cluster.launcher import ServiceSpec, python_module
-from coordinator.cluster.local import LocalCluster
-from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.launcher import ServiceSpec, python_module
+from coordinator.launch.local import LocalCluster
+from coordinator.launch.specs import generator_settings, scratch_root
 from coordinator.loop.context import LoopContext
 
 

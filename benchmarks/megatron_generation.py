@@ -23,13 +23,13 @@ from pathlib import Path
 
 import structlog
 
-from coordinator.cluster.launcher import ServiceSpec, python_module
-from coordinator.cluster.local import LocalCluster
-from coordinator.cluster.specs import generator_settings, scratch_root
 from coordinator.config import load_config
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.launcher import ServiceSpec, python_module
+from coordinator.launch.local import LocalCluster
+from coordinator.launch.specs import generator_settings, scratch_root
 from tandem.generation.types import SamplingConfig
 
 

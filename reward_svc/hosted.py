@@ -69,7 +69,7 @@ class FunctionEnv:
 
 class FunctionRewardService:
     """`FunctionEnv` behind a gRPC server on a daemon thread, registered with a coordinator.
-    Meets `coordinator.cluster.local.HostedService`: `start(coordinator, token, host)`, `stop()`."""
+    Meets `coordinator.launch.local.HostedService`: `start(coordinator, token, host)`, `stop()`."""
 
     def __init__(self, task: str, reward_fn: RewardFn, log, num_threads: int = 1):
         self.env = FunctionEnv(task, reward_fn, num_threads)

@@ -50,7 +50,7 @@ def torchrun_head(nproc: int, *, nnodes: int = 1, node_rank: int = 0, rdzv_endpo
 
 
 def torchrun_module(module: str, nproc: int, *args: str) -> list[str]:
-    """`python -m module args` under torchrun on this host, nproc ranks (coordinator/cluster/launcher.py's
+    """`python -m module args` under torchrun on this host, nproc ranks (coordinator/launch/launcher.py's
     signature)."""
     return [*torchrun_head(nproc), "-m", module, *args]
 

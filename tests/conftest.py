@@ -13,7 +13,7 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "tandem-te
 def pytest_configure(config) -> None:
     """Under pytest-xdist (`-n N`), each worker keeps to its own share of the machine's cores,
     and so does every process its tests start (the affinity is inherited). Tandem sizes each
-    service's threads from the cores it may use (coordinator/cluster/specs.py), so a worker's
+    service's threads from the cores it may use (coordinator/launch/specs.py), so a worker's
     services run as on a machine of that share: without it two workers' services each took every
     core, their OpenMP threads spun against each other's, and the suite gained ~8% for two
     workers (one test took 5x as long)."""

@@ -9,7 +9,7 @@ containers of compose.yaml, or services on several hosts.
 Every one reads the same experiment: TANDEM_CONFIG (a YAML path, optional) and
 TANDEM_OVERRIDES (dotted overrides separated by spaces), plus any overrides after `--`.
 The coordinator runs it with `cluster.launch=external`; every other service writes its own
-settings from that config with coordinator/cluster/specs.py's functions (so a compose run and a
+settings from that config with coordinator/launch/specs.py's functions (so a compose run and a
 local run start identical services), then replaces itself with the service, which binds all
 interfaces and advertises the address this host reaches the coordinator from.
 """
@@ -60,9 +60,9 @@ def coordinator_argv(config: str | None, overrides: list[str], host: str, port: 
 
 def service_argv(args: argparse.Namespace, config: str | None, overrides: list[str], settings_dir: Path) -> list[str]:
     """The command that serves `args.role`, its settings file written into settings_dir."""
-    from coordinator.cluster import specs as launch
-    from coordinator.cluster.launcher import python_module
     from coordinator.config import ConfigError, load_config
+    from coordinator.launch import specs as launch
+    from coordinator.launch.launcher import python_module
 
     try:
         cfg = load_config(config, overrides)

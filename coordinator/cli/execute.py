@@ -11,8 +11,8 @@ from rich.markup import escape
 
 def execute(run, console: Console) -> tuple[int, dict | None]:
     """Run it; (exit code, summary or None)."""
-    from coordinator.cluster.launcher import ServiceDied
-    from coordinator.cluster.local import AddressTaken
+    from coordinator.launch.launcher import ServiceDied
+    from coordinator.launch.local import AddressTaken
     from coordinator.loop.drift import DriftError
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

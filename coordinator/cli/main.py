@@ -110,8 +110,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from coordinator.checkpoint.export import NoCheckpoint
-    from coordinator.cluster.launcher import ServiceDied
     from coordinator.config import ConfigError
+    from coordinator.launch.launcher import ServiceDied
     from coordinator.run.export_run import export_checkpoint
 
     console = _console()

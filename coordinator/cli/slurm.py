@@ -1,5 +1,5 @@
 """`tandem slurm`: write a run's sbatch script into its run directory and, with --submit,
-submit it (coordinator/cluster/slurm.py says what the script does).
+submit it (coordinator/launch/slurm.py says what the script does).
 
     tandem slurm [CONFIG.yaml] [section.key=value ...] [--submit]     the whole run as one job
     tandem slurm [CONFIG.yaml] logger.run_name=NAME --join K --submit  K more generators for NAME
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from coordinator.cluster import slurm
+from coordinator.launch import slurm
 from coordinator.run.paths import default_run_name, token_file
 
 

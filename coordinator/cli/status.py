@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.cluster.client import CoordinatorClient, RunStatusView
+from coordinator.membership.client import CoordinatorClient, RunStatusView
 from tandem.kinds import ServiceKind
 from tandem.rpc import RpcFailure, TokenMissing, load_token
 

@@ -15,8 +15,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from coordinator.cluster.services import GeneratorHandle, Services
-from coordinator.cluster.versions import WeightVersions
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor
 from coordinator.data.tokens import Tokens
@@ -25,6 +23,8 @@ from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.weights.phases import GeneratorPhases
 from coordinator.loop.weights.publisher import WeightPublisher
 from coordinator.loop.weights.transports import PublishReport, build_transport
+from coordinator.membership.services import GeneratorHandle, Services
+from coordinator.membership.versions import WeightVersions
 from tandem.colocation import resolve_colocation
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 
-from coordinator.cluster.services import GeneratorHandle
+from coordinator.membership.services import GeneratorHandle
 from tandem.generation.types import Completion, SamplingConfig
 from tandem.rpc import RpcFailure
 

@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from coordinator.cluster.registry import Member
 from coordinator.config import ExperimentConfig
+from coordinator.membership.registry import Member
 from tandem.kinds import ServiceKind
 
 

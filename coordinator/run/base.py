@@ -16,11 +16,11 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from coordinator.cluster.dismiss import dismiss_services
-from coordinator.cluster.local import HostedService, LocalCluster
-from coordinator.cluster.services import Services
-from coordinator.cluster.status import RunStatus
 from coordinator.config import ExperimentConfig
+from coordinator.launch.local import HostedService, LocalCluster
+from coordinator.membership.dismiss import dismiss_services
+from coordinator.membership.services import Services
+from coordinator.membership.status import RunStatus
 from coordinator.metrics.log import MetricsLog
 from coordinator.metrics.progress import RunProgress, describe_startup
 from coordinator.run.paths import make_run_dir, run_token

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from coordinator.checkpoint import resume as resuming
-from coordinator.cluster.local import HostedService
 from coordinator.config import ExperimentConfig
+from coordinator.launch.local import HostedService
 from coordinator.preflight import check_inputs
 from coordinator.run.base import RunBase
 

@@ -2,7 +2,7 @@
 (greedy completions of the held-out prompts, scored by the reward services), on:
 
 - an HF checkpoint (policy.model_name, or the embedded model): only generators and reward
-  services start (cluster/inference.py); vLLM serves the checkpoint's own weights;
+  services start (coordinator/launch/inference.py); vLLM serves the checkpoint's own weights;
 - a loop checkpoint (runs/<run>/checkpoints/step_N): the trainer starts too, loads it and
   publishes its weights to the generators, as a resumed run would.
 
@@ -18,15 +18,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from coordinator.cluster.inference import InferenceCluster
-from coordinator.cluster.services import GeneratorHandle, Services
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import read_examples
 from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
+from coordinator.launch.inference import InferenceCluster
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.validation import validate
+from coordinator.membership.services import GeneratorHandle, Services
 from coordinator.run.base import RunBase
 
 

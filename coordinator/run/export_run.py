@@ -14,9 +14,9 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None) -> Export:
     """`tandem export`: start a trainer alone on the run's config, load the checkpoint into it and
     write it out as an HF checkpoint. The trainer works in <run>/exports/<name>, removed after;
     the log goes to <run>/logs/export.log."""
-    from coordinator.cluster.local import LocalCluster
     from coordinator.config import load_config
     from coordinator.data.inputs import prepare_inputs
+    from coordinator.launch.local import LocalCluster
     from coordinator.run.paths import token_file
     from tandem.logs import file_logger
 

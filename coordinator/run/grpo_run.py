@@ -8,7 +8,7 @@ complete checkpoint (trainer state, cursor, metrics, RNG) and publishes the rest
 weights as a new version to the generators, which kept running. A coordinator that dies
 is resumed by running it again on the same run (`--resume`, or automatically when the run
 has a checkpoint and did not finish): it serves on the same address, the services that
-outlived it re-register and are adopted (coordinator/cluster/local.py), and the loop resumes
+outlived it re-register and are adopted (coordinator/launch/local.py), and the loop resumes
 from the last checkpoint in the same way.
 """
 
@@ -24,16 +24,16 @@ from coordinator.algorithms.sft import sft_steps
 from coordinator.checkpoint import resume as resuming
 from coordinator.checkpoint import store
 from coordinator.checkpoint.export import export_hf
-from coordinator.cluster.local import HostedService, LocalCluster
-from coordinator.cluster.recovery import trainer_dead
-from coordinator.cluster.services import Services
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read_examples
 from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
+from coordinator.launch.local import HostedService, LocalCluster
+from coordinator.launch.recovery import trainer_dead
 from coordinator.loop.context import LoopContext
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.loop.validation import validate
+from coordinator.membership.services import Services
 from coordinator.metrics.log import plot_curves
 from coordinator.run.base import RunBase
 from tandem.rpc import RpcFailure

@@ -18,13 +18,13 @@ from coordinator.algorithms.dpo import DpoValidator, dpo_step
 from coordinator.algorithms.preference import PreferenceContext
 from coordinator.algorithms.rm import rm_step
 from coordinator.checkpoint.export import export_hf
-from coordinator.cluster.local import HostedService
 from coordinator.config import ExperimentConfig
 from coordinator.config.preference import Algorithm
 from coordinator.data.examples import PromptCursor
 from coordinator.data.inputs import prepare_inputs
 from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
+from coordinator.launch.local import HostedService
 from coordinator.metrics.log import plot_curves
 from coordinator.run.base import RunBase
 from trainer_svc.client import TrainerClient

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from coordinator.cluster.specs import generator_settings, scratch_root, trainer_settings
 from coordinator.config import load_config
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.specs import generator_settings, scratch_root, trainer_settings
 from generator_svc.client import GeneratorClient
 from protos.tandem.common.v1 import common_pb2 as cpb
 from protos.tandem.generator.v1 import generator_pb2 as gpb

@@ -10,11 +10,11 @@ import pytest
 import structlog
 from hypothesis import strategies as st
 
-from coordinator.cluster.client import CoordinatorClient
-from coordinator.cluster.registry import Registry
-from coordinator.cluster.server import SERVICE_NAME as COORDINATOR
-from coordinator.cluster.server import CoordinatorServer
-from coordinator.cluster.status import RunStatus
+from coordinator.membership.client import CoordinatorClient
+from coordinator.membership.registry import Registry
+from coordinator.membership.server import SERVICE_NAME as COORDINATOR
+from coordinator.membership.server import CoordinatorServer
+from coordinator.membership.status import RunStatus
 from protos.tandem.coordinator.v1 import coordinator_pb2 as cpb
 from protos.tandem.reward.v1 import reward_pb2 as rpb
 from reward_svc.client import RewardClient

@@ -14,12 +14,12 @@ import torch
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.local import LocalCluster
 from coordinator.loop.context import LoopContext
 from tandem.colocation import WeightTransport
 from tandem.cuda_ipc import device_uuid, export_handle, import_handle, pack_buckets, unpack_bucket

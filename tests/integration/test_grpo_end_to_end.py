@@ -10,12 +10,12 @@ import structlog
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster.local import LocalCluster
 from coordinator.config import ConfigError, load_config
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.local import LocalCluster
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import probe_generators
 from coordinator.loop.rollouts import rollout_pipeline

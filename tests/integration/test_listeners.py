@@ -20,12 +20,12 @@ import pytest
 import structlog
 import torch.distributed as dist
 
-from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.local import LocalCluster
 from coordinator.loop.context import LoopContext
 from tandem.stores import SealedStore
 from tests import procs

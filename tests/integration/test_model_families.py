@@ -33,12 +33,12 @@ import structlog
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.checkpoint.export import export_hf
-from coordinator.cluster.local import LocalCluster
-from coordinator.cluster.specs import trainer_settings
 from coordinator.config import load_config
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
+from coordinator.launch.local import LocalCluster
+from coordinator.launch.specs import trainer_settings
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import probe_generators
 from reward_svc.hosted import FunctionRewardService

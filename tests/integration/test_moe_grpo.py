@@ -20,12 +20,12 @@ import structlog
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
 from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_moe import TinyMoeSpec, ensure_tiny_moe
+from coordinator.launch.local import LocalCluster
 from coordinator.loop.context import LoopContext
 from tandem.generation.types import SamplingConfig
 from tests import procs

@@ -18,12 +18,12 @@ import structlog
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
-from coordinator.cluster.local import LocalCluster
 from coordinator.config import load_config
 from coordinator.data.examples import PromptCursor, read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import make_arithmetic_splits, write_jsonl
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.local import LocalCluster
 from coordinator.loop.context import LoopContext
 from coordinator.loop.rollouts import collect_episodes
 from tandem.generation.types import SamplingConfig

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import structlog
 
-from coordinator.cluster.launcher import LocalLauncher, ServiceDied, ServiceSpec, python_module, torchrun_module
-from coordinator.cluster.local import CHILD_ENV
-from coordinator.cluster.specs import generator_settings, scratch_root, trainer_settings
 from coordinator.config import load_config
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.launcher import LocalLauncher, ServiceDied, ServiceSpec, python_module, torchrun_module
+from coordinator.launch.local import CHILD_ENV
+from coordinator.launch.specs import generator_settings, scratch_root, trainer_settings
 from tests import procs
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ without sending it: the next generator to come is brought up to it by `admit`.
 Admission. Generators swap atomically (generator_svc), so none serves a half-received
 version; but one that missed a version (it joined late, or a publish to it failed) serves
 old weights. `admit` keeps such a generator out of the rollout until it serves the published
-version (the rule is coordinator.cluster.versions.WeightVersions'), bringing it up to date
+version (the rule is coordinator.membership.versions.WeightVersions'), bringing it up to date
 first (a publish of the current version to just the stale ones) when the trainer still holds
 exactly that version.
 
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from coordinator.cluster.services import GeneratorHandle
-from coordinator.cluster.versions import WeightVersions
 from coordinator.loop.weights.transports import PublishReport, WeightTransport
+from coordinator.membership.services import GeneratorHandle
+from coordinator.membership.versions import WeightVersions
 from tandem.rpc import RpcFailure
 
 

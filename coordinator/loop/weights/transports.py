@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from coordinator.cluster.services import GeneratorHandle
+from coordinator.membership.services import GeneratorHandle
 from tandem.colocation import WeightTransport as TransportKind
 from tandem.weight_plan import BucketPlan, GroupSpec
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource, WeightSource

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from coordinator.cli.main import main
 from coordinator.cli.status import print_status, show_status
-from coordinator.cluster.client import MemberView, RunStatusView
+from coordinator.membership.client import MemberView, RunStatusView
 from tandem.kinds import ServiceKind
 from tests import procs
 

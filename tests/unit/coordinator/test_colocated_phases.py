@@ -12,13 +12,13 @@ import structlog
 import torch
 
 from coordinator.algorithms import grpo as grpo_module
-from coordinator.cluster.services import GeneratorHandle
-from coordinator.cluster.specs import generator_settings
 from coordinator.config import ConfigError, load_config
 from coordinator.data.examples import Example
+from coordinator.launch.specs import generator_settings
 from coordinator.loop import rollouts as rollouts_module
 from coordinator.loop.context import LoopContext
 from coordinator.loop.multiturn import Episode
+from coordinator.membership.services import GeneratorHandle
 from tandem.generation.types import GeneratorInfo
 from tandem.rpc import RpcFailure, Status
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource

@@ -24,7 +24,7 @@ def test_trainer_ranks_default_to_what_the_machine_and_layout_need(overrides, ra
 
 
 def test_service_threads_share_the_cores():
-    from coordinator.cluster.specs import service_threads
+    from coordinator.launch.specs import service_threads
 
     assert service_threads(load_config(), cores=2) == service_threads(load_config(), cores=2)
     sync = service_threads(load_config(overrides=["cluster.trainer_ranks=2", "cluster.num_generators=2"]), cores=8)

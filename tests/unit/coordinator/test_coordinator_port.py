@@ -1,4 +1,4 @@
-"""Where the coordinator listens when its port is taken (coordinator/cluster/local.py), with a real
+"""Where the coordinator listens when its port is taken (coordinator/launch/local.py), with a real
 listener holding the port: a local launch moves to another port (it starts the services itself and
 tells them the new address); an external launch (Slurm, compose, hosts) stops with one error, since
 its services look for the coordinator at the configured address."""
@@ -8,8 +8,8 @@ import socket
 import pytest
 import structlog
 
-from coordinator.cluster.local import AddressTaken, LocalCluster
 from coordinator.config import load_config
+from coordinator.launch.local import AddressTaken, LocalCluster
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import pytest
 import structlog
 import torch
 
-from coordinator.cluster.services import GeneratorHandle
 from coordinator.config import load_config
 from coordinator.loop.context import LoopContext
+from coordinator.membership.services import GeneratorHandle
 from tandem.rpc import RpcFailure, Status
 from tandem.weight_sync import make_bucket_plan
 from trainer_svc.publish import DetachedPublishes

@@ -2,8 +2,8 @@
 
 import pytest
 
-from coordinator.cluster.specs import trainer_settings
 from coordinator.config import ConfigError, load_config
+from coordinator.launch.specs import trainer_settings
 
 
 def test_sequence_packing_keys_reach_the_trainer():

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import pytest
 import structlog
 
-from coordinator.cluster.services import GeneratorHandle
 from coordinator.loop.rollout import contiguous_runs, generate
 from coordinator.loop.weights.publisher import PublishError, WeightPublisher
 from coordinator.loop.weights.transports import CollectiveTransport
+from coordinator.membership.services import GeneratorHandle
 from tandem.generation.types import Completion, SamplingConfig
 from tandem.rpc import RpcFailure, Status
 from tandem.weight_sync import BucketPlan

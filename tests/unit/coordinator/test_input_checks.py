@@ -1,6 +1,6 @@
 """The checks made before a run starts anything (coordinator/preflight/: machine.py, model_files.py,
 data.py, lengths.py; coordinator/data/examples.py, config/loading.py), and the cause line of a dead service's
-log (coordinator/cluster/log_cause.py), on files made here."""
+log (coordinator/launch/log_cause.py), on files made here."""
 
 import json
 import struct
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.cluster.log_cause import cause_line
 from coordinator.config import ConfigError, load_config
 from coordinator.data.examples import Example, read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.tiny_model import build_char_tokenizer
+from coordinator.launch.log_cause import cause_line
 from coordinator.preflight.data import load_examples
 from coordinator.preflight.lengths import check_lengths, measure_examples
 from coordinator.preflight.machine import check_kv_cache_memory, check_machine, check_writable_dir

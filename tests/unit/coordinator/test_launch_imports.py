@@ -11,7 +11,7 @@ from coordinator.embedded.tiny_model import ensure_tiny_model
 
 PROBE = """
 import sys
-from coordinator.cluster.launcher import LocalLauncher
+from coordinator.launch.launcher import LocalLauncher
 from coordinator.cli.main import main
 
 def start(self, spec):

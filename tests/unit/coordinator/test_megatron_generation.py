@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import structlog
 
-from coordinator.cluster.registry import Member, Registry
-from coordinator.cluster.services import GeneratorHandle
-from coordinator.cluster.specs import all_registered, launch_all, trainer_settings
 from coordinator.config import ConfigError, load_config
+from coordinator.launch.specs import all_registered, launch_all, trainer_settings
 from coordinator.loop.weights.publisher import WeightPublisher
 from coordinator.loop.weights.transports import CollectiveTransport
+from coordinator.membership.registry import Member, Registry
+from coordinator.membership.services import GeneratorHandle
 from tandem.kinds import ServiceKind
 from tandem.weight_sync import BucketPlan
 

@@ -6,9 +6,9 @@ import time
 import pytest
 import structlog
 
-from coordinator.cluster.registry import Registry, health
-from coordinator.cluster.versions import WeightVersions
 from coordinator.loop.rollout import GeneratorHandle, generate
+from coordinator.membership.registry import Registry, health
+from coordinator.membership.versions import WeightVersions
 from tandem.generation.types import Completion, SamplingConfig
 
 LOG = structlog.get_logger()

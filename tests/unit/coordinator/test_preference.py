@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from coordinator.algorithms.preference import policy_samples, reward_model_samples
-from coordinator.cluster.specs import trainer_settings
 from coordinator.config import ConfigError, load_config
 from coordinator.config.data import DataConfig
 from coordinator.config.preference import Algorithm
@@ -14,6 +13,7 @@ from coordinator.data.preference import PreferencePair, read_pairs
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.preference import ensure_preference_dataset, make_preference_splits
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.specs import trainer_settings
 from trainer_svc.types import DpoLossConfig
 
 RECIPES = Path(__file__).resolve().parents[3] / "examples" / "configs"

@@ -7,8 +7,8 @@ import time
 
 from rich.console import Console
 
-from coordinator.cluster.registry import Member
 from coordinator.config import load_config
+from coordinator.membership.registry import Member
 from coordinator.metrics.progress import RunProgress, describe_startup
 from tandem.kinds import ServiceKind
 

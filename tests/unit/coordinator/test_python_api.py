@@ -6,10 +6,10 @@ import sys
 import pytest
 
 from coordinator import api
-from coordinator.cluster.registry import Member
-from coordinator.cluster.specs import all_registered, launch_all
 from coordinator.config import ConfigError
 from coordinator.embedded.tiny_model import build_tiny_model
+from coordinator.launch.specs import all_registered, launch_all
+from coordinator.membership.registry import Member
 from tandem.kinds import ServiceKind
 
 

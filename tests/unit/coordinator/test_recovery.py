@@ -9,10 +9,10 @@ import pytest
 import structlog
 
 from coordinator.checkpoint.resume import find_unfinished, resume_version
-from coordinator.cluster.adopted import AdoptedProcess, descendants, start_ticks
-from coordinator.cluster.launcher import LocalLauncher, ServiceSpec
-from coordinator.cluster.recovery import trainer_dead
 from coordinator.config import load_config
+from coordinator.launch.adopted import AdoptedProcess, descendants, start_ticks
+from coordinator.launch.launcher import LocalLauncher, ServiceSpec
+from coordinator.launch.recovery import trainer_dead
 from tandem.rpc import RpcFailure, Status
 
 LOG = structlog.get_logger()

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import structlog
 
-from coordinator.cluster.services import GeneratorHandle
 from coordinator.loop.weights.publisher import PublishError, WeightPublisher
 from coordinator.loop.weights.transports import SharedMemoryTransport, shared_memory_dir
+from coordinator.membership.services import GeneratorHandle
 from tandem.rpc import RpcFailure, Status
 from tandem.weight_source import SharedMemorySource
 

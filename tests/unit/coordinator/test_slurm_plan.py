@@ -1,4 +1,4 @@
-"""coordinator/cluster/slurm.py: the layout a config asks of Slurm, the errors that say what to change,
+"""coordinator/launch/slurm.py: the layout a config asks of Slurm, the errors that say what to change,
 and the scripts (parsed by bash itself, `bash -n`). tests/slurm runs them on a real Slurm."""
 
 import shlex
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli.slurm import parse_args, prepare
-from coordinator.cluster import slurm
 from coordinator.config import load_config
+from coordinator.launch import slurm
 
 # these keys size Slurm's generator nodes; the config warns that local runs ignore them
 pytestmark = pytest.mark.filterwarnings("ignore:policy.generation.colocated.resources is ignored")

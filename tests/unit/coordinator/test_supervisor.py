@@ -3,9 +3,9 @@ counted in the run status; notices while a needed service is missing, repeated, 
 
 import structlog
 
-from coordinator.cluster.registry import Member
-from coordinator.cluster.status import RunStatus
-from coordinator.cluster.supervisor import Need, Supervisor
+from coordinator.launch.supervisor import Need, Supervisor
+from coordinator.membership.registry import Member
+from coordinator.membership.status import RunStatus
 from tandem.kinds import ServiceKind
 
 

@@ -120,8 +120,8 @@ def test_engine_routes_a_mixed_call(model_dir):
 
 
 def test_coordinator_config_passes_the_model_through(tmp_path, monkeypatch):
-    from coordinator.cluster.specs import reward_settings
     from coordinator.config import ExperimentConfig
+    from coordinator.launch.specs import reward_settings
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     cfg = ExperimentConfig.model_validate({"env": {

@@ -8,9 +8,9 @@ import time
 
 import structlog
 
-from coordinator.cluster.registry import Registry
-from coordinator.cluster.server import CoordinatorServer
-from coordinator.cluster.status import RunStatus
+from coordinator.membership.registry import Registry
+from coordinator.membership.server import CoordinatorServer
+from coordinator.membership.status import RunStatus
 from tandem.membership import Announcement, Load, MembershipAgent
 from tests import procs
 

@@ -9,10 +9,10 @@ import time
 
 import structlog
 
-from coordinator.cluster.dismiss import dismiss_services
-from coordinator.cluster.registry import Registry
-from coordinator.cluster.server import CoordinatorServer
-from coordinator.cluster.status import RunStatus
+from coordinator.membership.dismiss import dismiss_services
+from coordinator.membership.registry import Registry
+from coordinator.membership.server import CoordinatorServer
+from coordinator.membership.status import RunStatus
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
 from tandem.service import parse_args, serve

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from coordinator.cluster import launcher
+from coordinator.launch import launcher
 from tandem import torchrun
 from tandem.torchrun import _LOWEST_PORT, TORCHRUN_ENV, master_port, torchrun_head, torchrun_module
 

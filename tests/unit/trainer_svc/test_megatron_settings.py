@@ -4,8 +4,8 @@ refused, backend precedence, and options that cannot run here refused with the k
 import pytest
 from pydantic import ValidationError
 
-from coordinator.cluster.specs import trainer_settings
 from coordinator.config import ConfigError, load_config
+from coordinator.launch.specs import trainer_settings
 from trainer_svc.backends.megatron.convert import Arch
 from trainer_svc.backends.megatron.model import check_supported
 from trainer_svc.config import TrainerSettings

@@ -9,8 +9,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from coordinator.cluster.specs import generator_settings, trainer_settings
 from coordinator.config import ConfigError, load_config
+from coordinator.launch.specs import generator_settings, trainer_settings
 from trainer_svc.backends.megatron import gpu_features
 from trainer_svc.backends.megatron.model import check_supported
 from trainer_svc.backends.megatron.moe import arch_from_hf_config
@@ -144,7 +144,7 @@ def test_merged_weights_equal_peft_merge():
 
 
 def test_slurm_gives_a_parallel_generator_one_gpu_per_vllm_worker():
-    from coordinator.cluster.slurm import plan
+    from coordinator.launch.slurm import plan
 
     cfg = load_config(overrides=["cluster.gpus_per_node=8", "cluster.trainer_ranks=8", "cluster.num_generators=4",
                                  "policy.generation.vllm_cfg.tensor_parallel_size=2"])

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from coordinator.cluster.specs import generator_settings, trainer_settings
 from coordinator.config import load_config
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.specs import generator_settings, trainer_settings
 from tandem.weight_sync import BucketPlan, iter_buckets
 from trainer_svc.backends.dtensor.backend import DTensorBackend
 from trainer_svc.distributed import DistEnv

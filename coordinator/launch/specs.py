@@ -9,10 +9,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.cluster.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
-from coordinator.cluster.registry import Member
 from coordinator.config import ExperimentConfig
 from coordinator.embedded.cache import cache_root
+from coordinator.launch.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
+from coordinator.membership.registry import Member
 from generator_svc.config import GeneratorSettings
 from reward_svc.config import RewardModelSettings, RewardSettings, ScoringSettings
 from tandem.kinds import ServiceKind

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.cluster.registry import Member, Registry
+from coordinator.membership.registry import Member, Registry
 from generator_svc.client import GeneratorClient
 from reward_svc.client import RewardClient
 from tandem.kinds import ServiceKind

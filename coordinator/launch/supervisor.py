@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coordinator.cluster.launcher import LocalLauncher
-from coordinator.cluster.registry import Member, Registry
-from coordinator.cluster.status import RunStatus
+from coordinator.launch.launcher import LocalLauncher
+from coordinator.membership.registry import Member, Registry
+from coordinator.membership.status import RunStatus
 from tandem.kinds import ServiceKind
 
 

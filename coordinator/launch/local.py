@@ -12,7 +12,7 @@ run in their own sessions) re-register by themselves; it adopts those it finds a
 <run>/services.json and launches only what is missing. A fresh start stops any such
 leftovers instead.
 
-Once every service has registered, a supervisor (coordinator/cluster/supervisor.py) relaunches
+Once every service has registered, a supervisor (coordinator/launch/supervisor.py) relaunches
 the generators and reward services that die (local mode) and tells `notify` (the run's
 console) what the run is waiting for while a service it needs is missing.
 """
@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from coordinator.cluster.launcher import LocalLauncher
-from coordinator.cluster.registry import Registry
-from coordinator.cluster.server import CoordinatorServer
-from coordinator.cluster.services import Services
-from coordinator.cluster.specs import all_registered, launch_all, scratch_root
-from coordinator.cluster.status import RunStatus
-from coordinator.cluster.supervisor import Need, Supervisor
 from coordinator.config import ExperimentConfig
+from coordinator.launch.launcher import LocalLauncher
+from coordinator.launch.specs import all_registered, launch_all, scratch_root
+from coordinator.launch.supervisor import Need, Supervisor
+from coordinator.membership.registry import Registry
+from coordinator.membership.server import CoordinatorServer
+from coordinator.membership.services import Services
+from coordinator.membership.status import RunStatus
 from tandem.kinds import ServiceKind
 
 CHILD_ENV = {  # each service's threads: specs.service_threads

@@ -7,8 +7,8 @@ import asyncio
 import threading
 import time
 
-from coordinator.cluster.registry import Registry, health
-from coordinator.cluster.status import RunStatus
+from coordinator.membership.registry import Registry, health
+from coordinator.membership.status import RunStatus
 from protos.tandem.coordinator.v1 import coordinator_pb2 as pb
 from protos.tandem.coordinator.v1 import coordinator_pb2_grpc as pb_grpc
 from tandem.convert import enum_from_pb, enum_to_pb

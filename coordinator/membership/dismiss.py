@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from coordinator.cluster.registry import Registry
+from coordinator.membership.registry import Registry
 
 
 def dismiss_services(registry: Registry, timeout_s: float, log, poll_s: float = 0.2) -> list[str]:

@@ -4,11 +4,11 @@ as local children like LocalCluster's; no trainer. `tandem eval` of an HF checkp
 
 from __future__ import annotations
 
-from coordinator.cluster.launcher import LocalLauncher, ServiceSpec, python_module
-from coordinator.cluster.local import LocalCluster
-from coordinator.cluster.registry import Member
-from coordinator.cluster.specs import generator_settings, reward_settings, scratch_root
 from coordinator.config import ExperimentConfig
+from coordinator.launch.launcher import LocalLauncher, ServiceSpec, python_module
+from coordinator.launch.local import LocalCluster
+from coordinator.launch.specs import generator_settings, reward_settings, scratch_root
+from coordinator.membership.registry import Member
 from tandem.kinds import ServiceKind
 
 

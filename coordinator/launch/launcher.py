@@ -5,9 +5,9 @@ so stopping is SIGTERM to each leader (which stops its own children: a generator
 first; a SIGTERM to its whole group would also stop vLLM's engine processes at once), then
 SIGKILL to the groups we created after a grace period. Ctrl-C and the end of a run both go through `stop_all`; nothing is left running.
 
-Thread-safe: the supervisor (coordinator/cluster/supervisor.py) relaunches dead services from
+Thread-safe: the supervisor (coordinator/launch/supervisor.py) relaunches dead services from
 its own thread while the run loop checks and restarts from the main one. A service that dies
-is reported with the line of its log that names the cause (coordinator/cluster/log_cause.py).
+is reported with the line of its log that names the cause (coordinator/launch/log_cause.py).
 
 Because children have their own sessions, they outlive a coordinator that is killed. Every
 start is recorded in a state file (name, pid, the process's start time); a coordinator
@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.cluster.adopted import AdoptedProcess, descendants, start_ticks
-from coordinator.cluster.log_cause import cause_line
+from coordinator.launch.adopted import AdoptedProcess, descendants, start_ticks
+from coordinator.launch.log_cause import cause_line
 from tandem import torchrun
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from coordinator.cluster.versions import WeightVersions
+from coordinator.membership.versions import WeightVersions
 
 
 @dataclass

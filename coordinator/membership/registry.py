@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from coordinator.cluster.versions import WeightVersions
+from coordinator.membership.versions import WeightVersions
 from tandem.kinds import ServiceKind
 
 
@@ -77,7 +77,7 @@ class Registry:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.run_over = False
-        """Set when the run ends: heartbeats tell every member to stop (coordinator/cluster/dismiss.py)."""
+        """Set when the run ends: heartbeats tell every member to stop (coordinator/membership/dismiss.py)."""
 
     def register(self, kind: ServiceKind, address: str, *, model_fingerprint: str = "", capacity: int = 0,
                  tasks: tuple[str, ...] = (), pid: int = 0, shares_trainer_weights: bool = False) -> str:
