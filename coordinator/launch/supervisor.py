@@ -7,7 +7,8 @@ A background thread, started once every service has registered and stopped befor
   launcher after a backoff (cluster.restart_backoff_s, doubled for each earlier relaunch of that
   service), at most cluster.max_service_restarts times each; then it is given up on (the run
   goes on with the others, or waits for one to join). The trainer is not relaunched here: its
-  death sends the loop back to its last checkpoint (coordinator/run/grpo_run.py).
+  death (`trainer_dead`, below) sends the loop back to its last checkpoint
+  (coordinator/run/grpo_run.py), which relaunches it.
 - Notices. While the run lacks a service it needs (no live trainer, no live generator, no
   live reward service for a task), `notify` gets a line saying what is missing and what is
   being done about it, at once and then every notice_period_s, and once more when it is back.
@@ -27,6 +28,7 @@ from coordinator.launch.launcher import LocalLauncher
 from coordinator.membership.registry import Member, Registry
 from coordinator.membership.status import RunStatus
 from tandem.kinds import ServiceKind
+from tandem.rpc import RpcFailure
 
 
 @dataclass(frozen=True)
@@ -152,3 +154,19 @@ class Supervisor:
         self._log.warning(event, message=text)
         self._notify(text)
 
+
+def trainer_dead(services, launcher, error: BaseException | None = None, grace_s: float = 60.0) -> bool:
+    """Whether the trainer is gone: its launched process exited, or it does not answer GetInfo
+    (an error that left the trainer answering was not the trainer's death). A failed trainer
+    call (`error`) while rank 0 still answers may be the death of another rank: its collective
+    broke (e.g. gloo's "Connection reset by peer") and torchrun is tearing the rest down, so the
+    trainer counts as dead if its process exits within grace_s."""
+    if launcher.exited("trainer"):
+        return True
+    try:
+        services.trainer.info()
+    except (RpcFailure, RuntimeError):  # RuntimeError: no live trainer in the registry
+        return True
+    if isinstance(error, RpcFailure) and not error.status.rejects_request:
+        return launcher.wait_exit("trainer", grace_s) is not None
+    return False

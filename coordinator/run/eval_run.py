@@ -24,8 +24,8 @@ from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
 from coordinator.launch.inference import InferenceCluster
 from coordinator.loop.context import LoopContext
+from coordinator.loop.evaluation import validate
 from coordinator.loop.scoring import RewardRouter
-from coordinator.loop.validation import validate
 from coordinator.membership.services import GeneratorHandle, Services
 from coordinator.run.base import RunBase
 

@@ -29,10 +29,10 @@ from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read
 from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
 from coordinator.launch.local import HostedService, LocalCluster
-from coordinator.launch.recovery import trainer_dead
+from coordinator.launch.supervisor import trainer_dead
 from coordinator.loop.context import LoopContext
+from coordinator.loop.evaluation import validate
 from coordinator.loop.scoring import check_tasks_configured
-from coordinator.loop.validation import validate
 from coordinator.membership.services import Services
 from coordinator.metrics.log import plot_curves
 from coordinator.run.base import RunBase

@@ -14,9 +14,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from coordinator.algorithms.dpo import DpoValidator, dpo_step
-from coordinator.algorithms.preference import PreferenceContext
-from coordinator.algorithms.rm import rm_step
+from coordinator.algorithms.pairs import DpoValidator, PreferenceContext, dpo_step, rm_step
 from coordinator.checkpoint.export import export_hf
 from coordinator.config import ExperimentConfig
 from coordinator.config.preference import Algorithm

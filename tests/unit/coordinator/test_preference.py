@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.algorithms.preference import policy_samples, reward_model_samples
+from coordinator.algorithms.pairs import policy_samples, reward_model_samples
 from coordinator.config import ConfigError, load_config
 from coordinator.config.data import DataConfig
 from coordinator.config.preference import Algorithm

@@ -12,7 +12,7 @@ from coordinator.checkpoint.resume import find_unfinished, resume_version
 from coordinator.config import load_config
 from coordinator.launch.adopted import AdoptedProcess, descendants, start_ticks
 from coordinator.launch.launcher import LocalLauncher, ServiceSpec
-from coordinator.launch.recovery import trainer_dead
+from coordinator.launch.supervisor import trainer_dead
 from tandem.rpc import RpcFailure, Status
 
 LOG = structlog.get_logger()

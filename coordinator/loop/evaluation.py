@@ -1,4 +1,4 @@
-"""Held-out validation: greedy completions of the validation prompts, scored by the
+"""Held-out evaluation (the run's validation): greedy completions of the validation prompts, scored by the
 reward services; accuracy is the fraction judged correct."""
 
 from __future__ import annotations
