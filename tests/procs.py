@@ -85,3 +85,40 @@ def vllm_engine_forked(service: ServiceProcess) -> bool:
 def _heap_start(pid: int) -> str:
     return next(line.split("-")[0] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
                 if line.endswith("[heap]"))
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (one that exited and waits to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+_CLI = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "runpy.run_module('coordinator.cli.main', run_name='__main__', alter_sys=True)")
+
+
+def tandem_cli(*args: str, cwd: Path, home: Path, **popen) -> subprocess.Popen:
+    """`tandem ARGS` as a user runs it in `cwd` (TANDEM_HOME `home`, no token in the environment:
+    the run makes its own), in a session of its own, output and errors together as text. SIGINT
+    interrupts it as in a terminal (a background process would otherwise inherit it ignored)."""
+    env = {**os.environ, "TANDEM_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    env.pop("TANDEM_TOKEN", None)
+    return subprocess.Popen([sys.executable, "-c", _CLI, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
+
+
+def wait_until(proc: subprocess.Popen, condition, what: str, *, timeout_s: float, output) -> float:
+    """Poll `condition()` every 0.5 s until it holds, failing the test (with the end of `output()`)
+    if `proc` exits first or `timeout_s` passes; returns the seconds waited."""
+    import pytest
+
+    started = time.monotonic()
+    while not condition():
+        if proc.poll() is not None:
+            time.sleep(1)  # the last lines of its output
+            pytest.fail(f"the run exited (rc {proc.returncode}) before {what}:\n{output()[-5000:]}")
+        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}:\n{output()[-3000:]}"
+        time.sleep(0.5)
+    return time.monotonic() - started

@@ -22,7 +22,7 @@ class Tokens:
     def of_run(cls, model_name: str | None, model_dir: str) -> Tokens:
         """A run's tokenizer: policy.model_name's (`model_name`, loaded from model_dir), or when
         that is unset the embedded model's, built here on the `tokenizers` library alone: what
-        its saved copy in model_dir holds (tests/unit/coordinator/test_embedded.py checks they
+        its saved copy in model_dir holds (tests/unit/coordinator/data/test_embedded.py checks they
         tokenize alike). Importing transformers, for AutoTokenizer or even its fast-tokenizer
         class, costs the coordinator ~1-3 CPU-s while the run's services start beside it."""
         if model_name is not None:

@@ -115,7 +115,7 @@ class Run(RunBase):
         trainer that dies is relaunched and the loop resumes from the last checkpoint (at most
         cluster.max_trainer_restarts times)."""
         # Imported here: the algorithms import torch (~1 s), which the services' launch need not
-        # wait for (tests/unit/coordinator/test_launch_imports.py); read_data imported them meanwhile.
+        # wait for (tests/unit/coordinator/launch/test_launch_imports.py); read_data imported them meanwhile.
         from coordinator.algorithms.grpo import train_grpo
         from coordinator.loop.rollouts import rollout_pipeline
 

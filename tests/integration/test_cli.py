@@ -3,30 +3,18 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests import procs
 
 pytestmark = pytest.mark.integration
 
 
 # `python -m coordinator.cli.main`, with Ctrl-C a KeyboardInterrupt as from a terminal: a suite started
 # as a background job of a script inherits SIGINT ignored, and Python keeps an inherited SIG_IGN.
-_CLI = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "runpy.run_module('coordinator.cli.main', run_name='__main__', alter_sys=True)")
-
-
-def _tandem(*args: str, cwd: Path, env_home: Path, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "TANDEM_HOME": str(env_home), "OMP_NUM_THREADS": "1"}
-    env.pop("TANDEM_TOKEN", None)
-    return subprocess.Popen([sys.executable, "-c", _CLI, *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            **kwargs)
-
-
 def _service_pids(run_dir: Path) -> dict[str, int]:
     pids = {}
     for line in (run_dir / "logs" / "coordinator.log").read_text().splitlines():
@@ -36,31 +24,23 @@ def _service_pids(run_dir: Path) -> dict[str, int]:
     return pids
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_malformed_config_is_one_clear_error_and_starts_nothing(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("grpo:\n  num_prompts_per_stepp: 4\n")
-    proc = _tandem("run", str(bad), "logger.log_dir=runs", cwd=tmp_path, env_home=tmp_path / "home")
+    proc = procs.tandem_cli("run", str(bad), "logger.log_dir=runs", cwd=tmp_path, home=tmp_path / "home")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, out
     assert "grpo.num_prompts_per_stepp" in out and "Traceback" not in out
     assert not (tmp_path / "runs").exists()  # nothing was launched
-    proc = _tandem("run", "policy.model_name=/no/such/model", cwd=tmp_path, env_home=tmp_path / "home")
+    proc = procs.tandem_cli("run", "policy.model_name=/no/such/model", cwd=tmp_path, home=tmp_path / "home")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "policy.model_name" in out
 
 
 def test_short_job_writes_summary_plot_checkpoint_and_stops_everything(tmp_path):
-    proc = _tandem("run", "sft.max_num_steps=40", "sft.val_period=20", "grpo.max_num_steps=2", "grpo.val_period=1",
+    proc = procs.tandem_cli("run", "sft.max_num_steps=40", "sft.val_period=20", "grpo.max_num_steps=2", "grpo.val_period=1",
                    "grpo.max_val_samples=32", "checkpointing.save_period=2", "logger.log_dir=runs",
-                   "logger.run_name=short", cwd=tmp_path, env_home=tmp_path / "home")
+                   "logger.run_name=short", cwd=tmp_path, home=tmp_path / "home")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     run_dir = tmp_path / "runs" / "short"
@@ -75,12 +55,12 @@ def test_short_job_writes_summary_plot_checkpoint_and_stops_everything(tmp_path)
     assert (run_dir / "checkpoints" / "step_000002" / "coordinator.json").is_file()
     pids = _service_pids(run_dir)
     assert set(pids) == {"trainer", "generator-0", "reward-arithmetic"}
-    assert not [name for name, pid in pids.items() if _alive(pid)]
+    assert not [name for name, pid in pids.items() if procs.alive(pid)]
 
 
 def test_ctrl_c_stops_every_service(tmp_path):
-    proc = _tandem("run", "logger.log_dir=runs", "logger.run_name=interrupted", cwd=tmp_path,
-                   env_home=tmp_path / "home")
+    proc = procs.tandem_cli("run", "logger.log_dir=runs", "logger.run_name=interrupted", cwd=tmp_path,
+                   home=tmp_path / "home")
     log = tmp_path / "runs" / "interrupted" / "logs" / "coordinator.log"
     deadline = time.monotonic() + 300
     while not (log.exists() and '"event": "step"' in log.read_text()):
@@ -90,4 +70,4 @@ def test_ctrl_c_stops_every_service(tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     pids = _service_pids(tmp_path / "runs" / "interrupted")
-    assert len(pids) == 3 and not [name for name, pid in pids.items() if _alive(pid)]
+    assert len(pids) == 3 and not [name for name, pid in pids.items() if procs.alive(pid)]

@@ -16,41 +16,24 @@ import threading
 import time
 
 import pytest
-import structlog
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.config import load_config
-from coordinator.data.examples import read_examples
-from coordinator.data.tokens import Tokens
-from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
-from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.launch.launcher import ServiceSpec, python_module
-from coordinator.launch.local import LocalCluster
 from coordinator.launch.specs import generator_settings, scratch_root
-from coordinator.loop.context import LoopContext
 from tandem.generation.types import SamplingConfig
-from tests import procs
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+def loop(tmp_path_factory, start_loop):
     root = tmp_path_factory.mktemp("failover")
     cfg = load_config(overrides=[
         "cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "cluster.max_service_restarts=0",  # the survivors take the work
     ])
-    model_dir = str(ensure_tiny_model(root / "cache"))
-    train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
-    run_dir = root / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    log = structlog.get_logger()
-    cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
-    with cluster as services:
-        tokens = Tokens(model_dir)
-        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log,
-                                  op_timeout_s=10.0)
+    with start_loop(root, cfg, op_timeout_s=10.0) as (ctx, cluster):
         yield ctx, cluster
 
 

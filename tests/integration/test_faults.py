@@ -17,11 +17,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests import procs
 from tests.integration import run_files as run
 
 pytestmark = pytest.mark.integration
@@ -49,14 +49,7 @@ class Output:
 
 
 def _wait(proc, out: Output, condition, what: str, timeout_s: float = 600) -> float:
-    started = time.monotonic()
-    while not condition():
-        if proc.poll() is not None:
-            time.sleep(1)
-            pytest.fail(f"the run exited (rc {proc.returncode}) before {what}:\n{out.text[-5000:]}")
-        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}:\n{out.text[-3000:]}"
-        time.sleep(0.5)
-    return time.monotonic() - started
+    return procs.wait_until(proc, condition, what, timeout_s=timeout_s, output=lambda: out.text)
 
 
 def _back(run_dir: Path, name: str, kind: str) -> bool:

@@ -9,24 +9,16 @@ import math
 import multiprocessing
 
 import pytest
-import structlog
 import torch
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.config import load_config
-from coordinator.data.examples import read_examples
-from coordinator.data.tokens import Tokens
-from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
-from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch.local import LocalCluster
-from coordinator.loop.context import LoopContext
 from tandem.colocation import WeightTransport
 from tandem.cuda_ipc import device_uuid, export_handle, import_handle, pack_buckets, unpack_bucket
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import RpcFailure, Status
 from tandem.weight_sync import plan_for_state_dict
-from tests import procs
 from trainer_svc.types import Sample
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration,
@@ -35,20 +27,14 @@ GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+def loop(tmp_path_factory, start_loop):
     root = tmp_path_factory.mktemp("e2e-gpu")
     cfg = load_config(overrides=[
         "cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32",
         "policy.generation.colocated.enabled=true"])
-    model_dir = str(ensure_tiny_model(root / "cache"))
-    train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 2000, 64)
-    run_dir = root / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    log = structlog.get_logger()
-    with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-        tokens = Tokens(model_dir)
-        yield LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
+    with start_loop(root, cfg, num_train=2000, num_val=64) as (ctx, _):
+        yield ctx
 
 
 def _free_bytes() -> int:

@@ -12,17 +12,13 @@ from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.config import ConfigError, load_config
 from coordinator.data.examples import read_examples
-from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
-from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch.local import LocalCluster
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import probe_generators
 from coordinator.loop.rollouts import rollout_pipeline
 from generator_svc.client import GeneratorClient
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import RpcFailure, Status
-from tests import procs
 from trainer_svc.client import TrainerClient
 from trainer_svc.types import Sample
 
@@ -30,21 +26,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module", params=["dedicated", "colocated"])
-def loop(tmp_path_factory, request):
+def loop(tmp_path_factory, request, start_loop):
     root = tmp_path_factory.mktemp("e2e")
     cfg = load_config(overrides=[
         "cluster.num_generators=2", "cluster.trainer_ranks=2", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32",
         f"policy.generation.colocated.enabled={str(request.param == 'colocated').lower()}"])
-    model_dir = str(ensure_tiny_model(root / "cache"))
-    train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 2000, 64)
-    run_dir = root / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    log = structlog.get_logger()
-    cluster = LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log)
-    with cluster as services:
-        tokens = Tokens(model_dir)
-        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
+    with start_loop(root, cfg, num_train=2000, num_val=64) as (ctx, cluster):
         yield ctx, cluster
 
 

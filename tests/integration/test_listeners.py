@@ -17,16 +17,9 @@ import socket
 from pathlib import Path
 
 import pytest
-import structlog
 import torch.distributed as dist
 
 from coordinator.config import load_config
-from coordinator.data.examples import read_examples
-from coordinator.data.tokens import Tokens
-from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
-from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch.local import LocalCluster
-from coordinator.loop.context import LoopContext
 from tandem.stores import SealedStore
 from tests import procs
 
@@ -107,18 +100,11 @@ def _rank0_store() -> tuple[str, int]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, start_loop):
     root = tmp_path_factory.mktemp("listeners")
     cfg = load_config(overrides=["cluster.num_generators=1", "cluster.trainer_ranks=2", f"logger.log_dir={root}",
                                  "logger.tensorboard_enabled=false"])
-    model_dir = str(ensure_tiny_model(root / "cache"))
-    train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 200, 16)
-    run_dir = root / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    log = structlog.get_logger()
-    with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-        tokens = Tokens(model_dir)
-        ctx = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
+    with start_loop(root, cfg, num_train=200) as (ctx, _):
         assert ctx.publish().epoch >= 0  # the weight-sync group of trainer rank 0 and the generator exists
         yield ctx, _run_listeners()
 

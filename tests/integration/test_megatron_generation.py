@@ -11,20 +11,12 @@ import math
 from pathlib import Path
 
 import pytest
-import structlog
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.config import load_config
-from coordinator.data.examples import read_examples
-from coordinator.data.tokens import Tokens
-from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
-from coordinator.embedded.tiny_model import ensure_tiny_model
-from coordinator.launch.local import LocalCluster
-from coordinator.loop.context import LoopContext
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import RpcFailure, Status
-from tests import procs
 from trainer_svc.types import Sample
 
 pytestmark = pytest.mark.integration
@@ -39,19 +31,13 @@ OVERRIDES = [
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def ctx(request, tmp_path_factory):
+def ctx(request, tmp_path_factory, start_loop):
     root = tmp_path_factory.mktemp(f"megatron-generation-{request.param}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TANDEM_MEGATRON_CHECKPOINT_DIR", str(root / "megatron-cache"))
         cfg = load_config(overrides=[*OVERRIDES, LAYOUTS[request.param], f"logger.log_dir={root}"])
-        model_dir = str(ensure_tiny_model(root / "cache"))
-        train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
-        run_dir = root / "run"
-        (run_dir / "logs").mkdir(parents=True)
-        log = structlog.get_logger()
-        with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-            tokens = Tokens(model_dir)
-            yield LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
+        with start_loop(root, cfg) as (loop, _):
+            yield loop
 
 
 def test_the_trainer_is_the_only_generator(ctx):

@@ -16,19 +16,12 @@ import os
 from pathlib import Path
 
 import pytest
-import structlog
 
 from coordinator.algorithms.grpo import grpo_step
 from coordinator.algorithms.sft import sft_steps
 from coordinator.config import load_config
-from coordinator.data.examples import read_examples
-from coordinator.data.tokens import Tokens
-from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
 from coordinator.embedded.tiny_moe import TinyMoeSpec, ensure_tiny_moe
-from coordinator.launch.local import LocalCluster
-from coordinator.loop.context import LoopContext
 from tandem.generation.types import SamplingConfig
-from tests import procs
 from trainer_svc.types import Sample
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -37,7 +30,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_mo
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+def loop(tmp_path_factory, start_loop):
     root = tmp_path_factory.mktemp("moe-grpo")
     saved = os.environ.get("TANDEM_MEGATRON_CHECKPOINT_DIR")
     os.environ["TANDEM_MEGATRON_CHECKPOINT_DIR"] = str(root / "megatron-cache")
@@ -49,14 +42,9 @@ def loop(tmp_path_factory):
         "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8"])
     # N(0, 0.1) weights: decisive routing, so vLLM's and Megatron's top-k pick the same experts
     model_dir = str(ensure_tiny_moe(root / "cache", TinyMoeSpec(init_std=0.1)))
-    train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 500, 16)
-    run_dir = root / "run"
-    (run_dir / "logs").mkdir(parents=True)
-    log = structlog.get_logger()
     try:
-        with LocalCluster(cfg, model_dir, run_dir, procs.TOKEN, log) as services:
-            tokens = Tokens(model_dir)
-            yield LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
+        with start_loop(root, cfg, model_dir=model_dir) as (ctx, _):
+            yield ctx
     finally:
         if saved is None:
             os.environ.pop("TANDEM_MEGATRON_CHECKPOINT_DIR", None)

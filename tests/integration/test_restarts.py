@@ -15,11 +15,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
+from tests import procs
 from tests.integration import run_files as run
 
 pytestmark = pytest.mark.integration
@@ -32,25 +31,13 @@ ARGS = ["run", "sft.max_num_steps=0", f"grpo.max_num_steps={STEPS}", "grpo.val_p
         "logger.tensorboard_enabled=false", "logger.log_dir=runs", "logger.run_name=restarts"]
 
 
-def _tandem(*args: str, cwd: Path, home: Path) -> subprocess.Popen:
-    env = {**os.environ, "TANDEM_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    env.pop("TANDEM_TOKEN", None)
-    return subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
 def _wait(proc: subprocess.Popen, condition, what: str, timeout_s: float = 400) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if proc.poll() is not None:
-            pytest.fail(f"the run exited (rc {proc.returncode}) before {what}:\n{proc.stdout.read()[-4000:]}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+    procs.wait_until(proc, condition, what, timeout_s=timeout_s, output=lambda: proc.stdout.read())
 
 
 def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_resumes(tmp_path):
     run_dir = tmp_path / "runs" / "restarts"
-    first = _tandem(*ARGS, cwd=tmp_path, home=tmp_path / "home")
+    first = procs.tandem_cli(*ARGS, cwd=tmp_path, home=tmp_path / "home")
     second = None
     try:
         _wait(first, lambda: len(run.grpo_steps(run_dir)) >= 2, "GRPO step 2")
@@ -80,7 +67,7 @@ def test_a_killed_trainer_and_a_killed_coordinator_are_restarted_and_the_run_res
         assert len(run.grpo_steps(run_dir)) < STEPS, "the run finished before the coordinator was killed"
         sessions_before = sum(e["event"] == "registered" for e in run.events(run_dir, "generator-0"))
 
-        second = _tandem(*ARGS, cwd=tmp_path, home=tmp_path / "home")  # no --resume: it resumes by itself
+        second = procs.tandem_cli(*ARGS, cwd=tmp_path, home=tmp_path / "home")  # no --resume: it resumes by itself
         out, _ = second.communicate(timeout=600)
         assert second.returncode == 0, out
         assert "resumed from" in out

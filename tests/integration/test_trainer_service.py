@@ -57,13 +57,6 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @dataclasses.dataclass
 class Trainer:
     service: procs.ServiceProcess
@@ -91,7 +84,7 @@ def trainer(tmp_path_factory):
         rc = service.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         rc = None
-    left = [pid for pid in workers if _alive(pid)]
+    left = [pid for pid in workers if procs.alive(pid)]
     service.stop()
     assert rc is not None and not left, f"torchrun rc={rc}, processes left: {left}\n{service.log()[-3000:]}"
     assert "service_stopping" in service.log()

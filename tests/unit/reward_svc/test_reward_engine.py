@@ -18,14 +18,7 @@ from reward_svc.config import RewardSettings
 from reward_svc.engine import RewardEngine
 from reward_svc.types import ScoreItem
 from reward_svc.workers import ScorerFailed, WorkerPool
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+from tests import procs
 
 
 def test_stuck_worker_is_killed_and_replaced():
@@ -42,7 +35,7 @@ def test_stuck_worker_is_killed_and_replaced():
         elapsed = time.monotonic() - started
         replaced = pids_before - set(pool.pids)
         assert elapsed < 3.0 and pool.num_replaced == 1 and len(replaced) == 1
-        assert not _alive(replaced.pop())
+        assert not procs.alive(replaced.pop())
         # both workers serve again (the replacement included)
         results = await asyncio.gather(*(pool.run(operator.mul, (i, 2), timeout_s=60.0) for i in range(4)))
         assert results == [0, 2, 4, 6]

@@ -16,7 +16,7 @@ from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.launch.specs import trainer_settings
 from trainer_svc.types import DpoLossConfig
 
-RECIPES = Path(__file__).resolve().parents[3] / "examples" / "configs"
+RECIPES = Path(__file__).resolve().parents[4] / "examples" / "configs"
 PAIRS = {"data": {"dataset_name": "arithmetic_preference"}}
 
 

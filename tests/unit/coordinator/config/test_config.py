@@ -117,7 +117,7 @@ def test_backend_is_not_a_settable_key():
 def test_megatron_refuses_what_only_dtensor_implements():
     with pytest.raises(ConfigError, match=r"sequence_packing is implemented by the DTensor backend only"):
         load_config(overrides=["policy.megatron_cfg.enabled=true", "policy.sequence_packing.enabled=true"])
-    recipes = Path(__file__).resolve().parents[3] / "examples" / "configs"
+    recipes = Path(__file__).resolve().parents[4] / "examples" / "configs"
     with pytest.raises(ConfigError, match=r"dpo runs train on the DTensor backend only"):
         load_config(recipes / "dpo.yaml", ["policy.megatron_cfg.enabled=true"])
 
