@@ -106,6 +106,11 @@ def _json_line(stdout: str, _work: Path) -> dict | None:
     return json.loads(lines[-1]) if lines else None
 
 
+def _weight_sync(stdout: str, _work: Path) -> dict | None:
+    found = re.search(r"(\d+) receiver\(s\): ([\d.]+) s end to end, ([\d.]+) GB/s", stdout)
+    return {"receivers": int(found[1]), "seconds": float(found[2]), "gb_per_s": float(found[3])} if found else None
+
+
 def _pytest_counts(stdout: str, _work: Path) -> dict:
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", stdout)}
     return {"counts": counts}
@@ -117,7 +122,7 @@ def plan(work: Path, *, dry_run: bool) -> list[Step]:
     steps = [Step(f"checkpoint {s}", [PY, "benchmarks/random_checkpoint.py", s, str(models[s]), "--device", device],
                   120, parse=_json_line) for s in SHAPES]
     steps.append(Step("weight-sync smoke", [PY, "benchmarks/weight_sync.py", "--megabytes", "64", "--receivers", "1",
-                                            "--repeats", "2"], 90))
+                                            "--repeats", "2"], 90, parse=_weight_sync))
     steps += [Step(f"refit {s}", [PY, "benchmarks/gpu_refit.py", str(models[s]), "--repeats", "3", "--out",
                                   str(work / f"refit-{s}.json")], 180,
                    parse=lambda _out, w, s=s: json.loads((w / f"refit-{s}.json").read_text())) for s in SHAPES]
@@ -144,7 +149,8 @@ def megatron_settings(model_dir: Path) -> dict:
 
 def run_step(step: Step, work: Path, timeout_s: float) -> dict:
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **step.env}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # this checkout's code
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **step.env}
     with MemorySampler() as memory:
         try:
             proc = subprocess.run(step.command, cwd=ROOT, env=env, capture_output=True, text=True,

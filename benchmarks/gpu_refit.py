@@ -19,9 +19,13 @@ import time
 from pathlib import Path
 
 
-def _free_bytes() -> int:
+def _free_bytes() -> int | None:
+    """Free memory of cuda:0 (None without CUDA: on CPU the script checks its own logic only,
+    with shared-memory weights and no sleep)."""
     import torch
 
+    if not torch.cuda.is_available():
+        return None
     torch.cuda.synchronize(0)
     return torch.cuda.mem_get_info(0)[0]
 
@@ -49,6 +53,7 @@ def measure(model_dir: str, repeats: int, work: Path) -> dict:
         up_s = time.perf_counter() - started
         tokens = Tokens(model_dir)
         loop = LoopContext.connect(cfg, services, tokens, read_examples(train_path, cfg.data, tokens), 0, log)
+        transport, sleeps = loop.phases.colocation.transport.value, loop.phases.colocation.sleeps  # cuda_ipc, True on GPU
         loop.publish()  # the first version (the generators start awake)
         for _ in range(repeats):
             awake = _free_bytes()
@@ -61,9 +66,10 @@ def measure(model_dir: str, repeats: int, work: Path) -> dict:
             total_s = time.perf_counter() - t0
             rows.append({"sleep_s": sleep_s, "wake_s": total_s - report.duration_s, "refit_s": report.duration_s,
                          "bytes": report.bytes_sent, "gb_per_s": report.bytes_sent / report.duration_s / 1e9,
-                         "sleep_freed_gib": (asleep - awake) / (1 << 30)})
-    medians = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return {"model_dir": model_dir, "services_up_s": up_s, "repeats": rows, "median": medians}
+                         "sleep_freed_gib": None if awake is None else (asleep - awake) / (1 << 30)})
+    medians = {k: statistics.median(r[k] for r in rows) if rows[0][k] is not None else None for k in rows[0]}
+    return {"model_dir": model_dir, "transport": transport, "sleeps": sleeps, "services_up_s": up_s, "repeats": rows,
+            "median": medians}
 
 
 def main(argv: list[str] | None = None) -> None:
