@@ -144,7 +144,7 @@ def plan(work: Path, *, dry_run: bool) -> list[Step]:
 
 
 def megatron_settings(model_dir: Path) -> dict:
-    return {"model_name": str(model_dir), "megatron_cfg": {"enabled": True, "optimizer": {"bf16": True}}}
+    return {"model_name": str(model_dir), "megatron_cfg": {"enabled": True}}  # fp32, the tested default
 
 
 def run_step(step: Step, work: Path, timeout_s: float) -> dict:
