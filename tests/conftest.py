@@ -11,12 +11,16 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "tandem-te
 
 
 def pytest_configure(config) -> None:
-    """Under pytest-xdist (`-n N`), each worker keeps to its own share of the machine's cores,
+    """On a machine with a GPU the default run includes the `gpu` tests (gpu_present).
+
+    Under pytest-xdist (`-n N`), each worker keeps to its own share of the machine's cores,
     and so does every process its tests start (the affinity is inherited). Tandem sizes each
     service's threads from the cores it may use (coordinator/launch/specs.py), so a worker's
     services run as on a machine of that share: without it two workers' services each took every
     core, their OpenMP threads spun against each other's, and the suite gained ~8% for two
     workers (one test took 5x as long)."""
+    if config.option.markexpr == "not gpu" and gpu_present():  # pyproject's default: add the gpu tests
+        config.option.markexpr = ""
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
     if not worker:
         return
@@ -24,6 +28,21 @@ def pytest_configure(config) -> None:
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     share = cores[int(worker.removeprefix("gw")) % len(cores)::max(1, min(count, len(cores)))]
     os.sched_setaffinity(0, share)
+
+
+def gpu_present() -> bool:
+    """nvidia-smi lists a GPU: on such a machine the default run (`pytest -q`, pyproject's
+    `-m 'not gpu'`) takes the `gpu` tests too; an explicit `-m` is left alone."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return False
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(line.startswith("GPU ") for line in listed.splitlines())
 
 
 LONGEST_FIRST = (

@@ -7,10 +7,12 @@ Order (each step is needed by the next):
 4. `fully_shard` each decoder layer, then the root, over the mesh's "dp" axis. The root
    reshards after forward too (FSDP2 keeps it unsharded by default), so swapping the
    sharded storage (reference policy) never leaves stale gathered weights behind.
-5. `to_empty` allocates this rank's shards; rank 0 loads the checkpoint and
+5. `to_empty` allocates this rank's shards (on the CPU under FSDP2's CPU offload, which
+   requires it: parallel.materialization); rank 0 loads the checkpoint and
    `set_model_state_dict(broadcast_from_rank0=True)` scatters it.
 6. Non-persistent buffers (rotary `inv_freq`) are not in any state dict and `to_empty`
-   leaves them as garbage: rank 0 copies them from its loaded model and broadcasts them.
+   leaves them as garbage: rank 0 copies them from its loaded model and broadcasts them; then
+   every buffer goes to the compute device.
 7. Gradients are reduced as a plain SUM (divide factor 1): losses are normalised globally.
 With LoRA (lora.py) the model is wrapped with PEFT's adapters right after step 1, on every rank
 and on rank 0's loaded copy alike, so both state dicts have the same names.
@@ -32,11 +34,17 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
 from trainer_svc.backends.dtensor import lora
-from trainer_svc.backends.dtensor.parallel import MeshAxis, ParallelDims, apply_tensor_parallel, check_tensor_parallel
+from trainer_svc.backends.dtensor.parallel import (
+    MeshAxis,
+    ParallelDims,
+    apply_tensor_parallel,
+    check_tensor_parallel,
+    materialization,
+)
 from trainer_svc.config.lora import LoraSettings
 from trainer_svc.distributed import DistEnv
 from trainer_svc.hf import classifier_config
@@ -95,7 +103,8 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
             model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
             check_fn=lambda m: id(m) in layer_ids)
     _fully_shard(model, layers, mesh[MeshAxis.DP], compute_dtype, offload_policy)
-    model.to_empty(device=env.device)
+    where = materialization(env.device, isinstance(offload_policy, CPUOffloadPolicy))
+    model.to_empty(device=where.params)
 
     def load_full() -> nn.Module:  # rank 0 only
         loaded = auto_class.from_pretrained(model_dir, config=config, dtype=torch.float32)
@@ -105,6 +114,7 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
         return loaded
 
     _fill_from_rank0(model, load_full, buffers, env.rank)
+    _move_buffers(model, where.buffers)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -138,6 +148,14 @@ def _fill_from_rank0(model: nn.Module, load_full, buffers: list, rank: int) -> N
             if rank == 0:
                 tensor.copy_(full_buffers[name])
             dist.broadcast(tensor, src=0)
+
+
+def _move_buffers(model: nn.Module, device: torch.device) -> None:
+    """Every buffer to `device` (after the fill: the state dict's broadcast wants one device)."""
+    for module in model.modules():
+        for name, tensor in module._buffers.items():
+            if tensor is not None and tensor.device != device:
+                module._buffers[name] = tensor.to(device)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -131,6 +131,24 @@ def offload_policy(cpu_offload: bool, device: torch.device) -> OffloadPolicy:
     return CPUOffloadPolicy(pin_memory=device.type == "cuda")
 
 
+@dataclass(frozen=True)
+class Materialization:
+    """Where `to_empty` puts the sharded parameters of the meta-device model, and where its
+    buffers (not managed by FSDP: rotary `inv_freq`) then live."""
+
+    params: torch.device
+    buffers: torch.device
+
+
+def materialization(device: torch.device, cpu_offload: bool) -> Materialization:
+    """With FSDP2's CPUOffloadPolicy the sharded parameters must be materialised on the CPU (its
+    lazy init refuses others: `FSDPParamGroup._validate_cpu_offload_params`) while the buffers
+    are used in the forward on `device` (torchtitan's trainer: init_device "cpu", buffer_device
+    the accelerator). Without offload both live on `device`."""
+    device = torch.device(device)
+    return Materialization(torch.device("cpu") if cpu_offload else device, device)
+
+
 @torch.no_grad()
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     """Clip the global L2 norm of the gradients to `max_norm`; returns the norm before clipping.

@@ -42,6 +42,7 @@ from trainer_svc.backends.megatron.model import (
     wrap_ddp,
 )
 from trainer_svc.backends.megatron.moe_train import MoeAuxLoss
+from trainer_svc.backends.megatron.placement import ModelPlacement
 from trainer_svc.backends.megatron.tokens import TokenMath
 from trainer_svc.backends.megatron.weights import iter_hf_tensors, load_weights
 from trainer_svc.backends.reference import ReferenceWeights
@@ -86,16 +87,19 @@ class MegatronBackend:
             raise ValueError(f"model_name {settings.model_name!r} is not an HF checkpoint directory (no config.json)")
         hf_config = AutoConfig.from_pretrained(settings.model_name)
         self.arch = moe.arch_from_hf_config(hf_config)
-        on_gpu = not cpu_compat.needed()
+        on_gpu = env.device.type == "cuda"
         check_supported(cfg, self.arch, env.world_size, on_gpu=on_gpu)
+        placement = ModelPlacement.for_device(env.device, sequence_parallel=cfg.sequence_parallel,
+                                              use_te=gpu_features.uses_te(cfg, on_gpu))
+        placement.prepare()
         torch.manual_seed(settings.seed)
         if moe.is_moe(self.arch):
             gpu_features.patch_router_without_te()
         with cpu_compat.active():
             self.layout = init_model_parallel(cfg, settings.seed)
             dtype = compute_dtype(cfg, settings.dtype)
-            self._config = transformer_config(self.arch, cfg, dtype)
-            self._model = build_gpt_model(self.arch, self._config, self.layout, use_te=gpu_features.uses_te(cfg, on_gpu))
+            self._config = transformer_config(self.arch, cfg, dtype, cpu_initialization=placement.cpu_initialization)
+            self._model = placement.place(build_gpt_model(self.arch, self._config, self.layout, use_te=placement.use_te))
             self.conversion, self.conversion_s = load_weights(self._model, self.arch, self.layout, settings.model_name, rank=self.rank,
                                            group=env.cpu_group, log=self._log)
             if cfg.freeze_moe_router:

@@ -29,7 +29,8 @@ megatron-core assumes CUDA in a handful of places. Each patch below, and why:
 7. Sequence parallelism: `WrappedTorchNorm` refuses `config.sequence_parallel`. torch's norm is
    correct under SP (it normalises each token), provided its weights are marked
    `sequence_parallel` so `finalize_model_grads` all-reduces their gradients over TP: the
-   wrapper builds the norm without the check and marks its parameters.
+   wrapper builds the norm without the check and marks its parameters. The same patch is
+   needed on GPUs with the local spec (placement.py installs it there too).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
+
+from trainer_svc.backends.megatron.placement import allow_torch_norm_under_sp
 
 _INSTALLED = False
 _CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",
@@ -61,7 +64,7 @@ def install() -> None:
     _patch_rng()
     _patch_cuda_runtime()
     _patch_scatter()
-    _patch_torch_norm()
+    allow_torch_norm_under_sp()
     _patch_causal_mask()
     _patch_all_to_all_splits()
     _INSTALLED = True
@@ -197,26 +200,6 @@ def _patch_all_to_all_splits() -> None:
         return original(output, input, as_list(output_split_sizes), as_list(input_split_sizes), *args, **kwargs)
 
     dist.all_to_all_single = all_to_all_single
-
-
-def _patch_torch_norm() -> None:
-    from megatron.core.transformer import torch_norm
-
-    original_new = torch_norm.WrappedTorchNorm.__new__
-
-    def new(cls, config, hidden_size, eps=1e-5, *args, **kwargs):
-        if not config.sequence_parallel:
-            return original_new(cls, config, hidden_size, eps, *args, **kwargs)
-        config.sequence_parallel = False  # the wrapper's check; restored at once
-        try:
-            norm = original_new(cls, config, hidden_size, eps, *args, **kwargs)
-        finally:
-            config.sequence_parallel = True
-        for param in norm.parameters():
-            param.sequence_parallel = True
-        return norm
-
-    torch_norm.WrappedTorchNorm.__new__ = new
 
 
 def _patch_causal_mask() -> None:

@@ -132,7 +132,8 @@ def compute_dtype(cfg: MegatronSettings, trainer_dtype: str) -> torch.dtype:
     return torch.bfloat16 if cfg.optimizer.bf16 or trainer_dtype == "bfloat16" else torch.float32
 
 
-def transformer_config(arch: Arch, cfg: MegatronSettings, dtype: torch.dtype):
+def transformer_config(arch: Arch, cfg: MegatronSettings, dtype: torch.dtype, *, cpu_initialization: bool = True):
+    """`cpu_initialization`: ModelPlacement.cpu_initialization (False on CUDA: placement.py)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     granularity, method, num_layers = cfg.recompute
@@ -146,7 +147,7 @@ def transformer_config(arch: Arch, cfg: MegatronSettings, dtype: torch.dtype):
         pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
         context_parallel_size=cfg.context_parallel_size, sequence_parallel=cfg.sequence_parallel,
         recompute_granularity=granularity, recompute_method=method, recompute_num_layers=num_layers,
-        use_cpu_initialization=True, perform_initialization=True, params_dtype=dtype, pipeline_dtype=pipeline_dtype,
+        use_cpu_initialization=cpu_initialization, perform_initialization=True, params_dtype=dtype, pipeline_dtype=pipeline_dtype,
         bf16=dtype == torch.bfloat16, gradient_accumulation_fusion=cfg.gradient_accumulation_fusion,
         apply_rope_fusion=cfg.apply_rope_fusion, masked_softmax_fusion=False,
         bias_activation_fusion=cfg.bias_activation_fusion, bias_dropout_fusion=False, persist_layer_norm=False,
