@@ -33,11 +33,11 @@ def _free_bytes() -> int | None:
 def measure(model_dir: str, repeats: int, work: Path) -> dict:
     import structlog
 
-    from coordinator.cluster.local import LocalCluster
     from coordinator.config import load_config
     from coordinator.data.examples import read_examples
     from coordinator.data.tokens import Tokens
     from coordinator.embedded.arithmetic import ensure_arithmetic_dataset
+    from coordinator.launch.local import LocalCluster
     from coordinator.loop.context import LoopContext
 
     cfg = load_config(overrides=[

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from coordinator.cluster.specs import trainer_settings
 from coordinator.config import load_config
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.specs import trainer_settings
 from trainer_svc.backends.dtensor import model as dtensor_model
 from trainer_svc.backends.dtensor.backend import DTensorBackend
 from trainer_svc.backends.dtensor.parallel import Materialization, materialization

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coordinator.cluster.specs import trainer_settings
 from coordinator.config import load_config
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from coordinator.launch.specs import trainer_settings
 from trainer_svc.backends.megatron import backend as megatron_backend
 from trainer_svc.backends.megatron import placement as placement_mod
 from trainer_svc.backends.megatron.model import Layout
