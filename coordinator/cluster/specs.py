@@ -50,11 +50,12 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
 
 def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
     """Each generator's share of its GPU: the configured one, else 0.9 for dedicated generators
-    and 0.5 split between colocated ones (they share the trainer's rank-0 device)."""
+    on GPUs of their own and 0.5 split between generators that share the trainer's device
+    (colocated, or dedicated on a one-GPU node: cfg.placement)."""
     configured = cfg.policy.generation.vllm_cfg.gpu_memory_utilization
     if configured is not None:
         return configured
-    return 0.5 / cfg.cluster.num_generators if cfg.policy.generation.colocated.enabled else 0.9
+    return 0.5 / cfg.cluster.num_generators if cfg.generators_share_trainer_device else 0.9
 
 
 def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
@@ -90,10 +91,10 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         path.write_text(settings.model_dump_json(indent=1))
         return str(path)
 
-    threads = service_threads(cfg)
+    threads, placement = service_threads(cfg), cfg.placement  # each service sees only its own GPUs
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
-        *common), env=threads.env(ServiceKind.TRAINER)))
+        *common), env=threads.env(ServiceKind.TRAINER) | placement.trainer_env()))
     if trainer_only:
         return
     plan = cfg.service_plan  # dpo, rm: no generators and no reward services
@@ -101,7 +102,7 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
-                                   env=threads.env(ServiceKind.GENERATOR),
+                                   env=threads.env(ServiceKind.GENERATOR) | placement.generator_env(index),
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
     for task in (t for t in plan.reward_tasks if not cfg.env[t].external):  # external: someone else serves it
         name = f"reward-{task}"

@@ -59,7 +59,8 @@ class LoopContext:
         """The loop's context over live services. `versions`: the run's weight versions (kept
         across trainer restarts, shown by `tandem status`); default a fresh one."""
         info = services.trainer.info()
-        colocation = resolve_colocation(cfg.policy.generation.colocated.enabled, info.device_type)
+        colocation = resolve_colocation(cfg.policy.generation.colocated.enabled, info.device_type,
+                                        shares_device=cfg.generators_share_trainer_device)
         log.info("colocation", transport=colocation.transport.value, sleeps=colocation.sleeps,
                  device_type=info.device_type)
         transport = build_transport(colocation.transport, services.trainer, info.bucket_plan,
