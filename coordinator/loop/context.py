@@ -24,7 +24,7 @@ from coordinator.loop.drift import DriftGuard
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.weights.phases import GeneratorPhases
 from coordinator.loop.weights.publisher import WeightPublisher
-from coordinator.loop.weights.transports import PublishReport, build_transport
+from coordinator.loop.weights.transports import CudaIpcTransport, PublishReport, build_transport
 from tandem.colocation import resolve_colocation
 
 
@@ -68,6 +68,8 @@ class LoopContext:
         publisher = WeightPublisher(services.trainer, transport, log, versions=versions,
                                     on_dead=services.generator_failed)
         phases = GeneratorPhases(colocation, log, on_dead=services.generator_failed)
+        if isinstance(transport, CudaIpcTransport):
+            transport.before_load = phases.wake_weights  # sleeping weights wake after the trainer's export
         return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log, phases,
                    generator_wait_s=cfg.cluster.startup_timeout_s)
 

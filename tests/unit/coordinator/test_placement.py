@@ -105,3 +105,46 @@ def test_place_counts_one_gpu_per_vllm_worker():
     assert [g.devices for g in placement.generators] == [(2, 3), (4, 5), (6, 7)]
     assert placement.generator_env(2) == {"CUDA_VISIBLE_DEVICES": "6,7"}
     assert not placement.generators_share_trainer_device
+
+
+class _OrderLauncher:
+    def __init__(self, order):
+        self.order = order
+
+    def start(self, spec):
+        self.order.append(spec.name)
+
+
+@pytest.mark.parametrize("overrides, first", [
+    (["cluster.gpus_per_node=1", "policy.generation.colocated.enabled=true"], True),
+    (["cluster.gpus_per_node=1"], True),  # dedicated on the trainer's only GPU
+    (["cluster.gpus_per_node=2", "cluster.trainer_ranks=1"], False),  # a GPU of its own: no wait
+    (["policy.generation.colocated.enabled=true"], False),  # CPU: vLLM does not profile device memory
+])
+def test_generators_on_the_trainers_gpu_start_once_the_trainer_registered(tmp_path: Path, overrides, first):
+    order = []
+    launch_all(_cfg(*overrides), "model", tmp_path, "127.0.0.1:1", _OrderLauncher(order),
+               trainer_ready=lambda: order.append("trainer registered"))
+    expected = ["trainer", "trainer registered", "generator-0"] if first else ["trainer", "generator-0"]
+    assert order[:len(expected)] == expected and order.count("trainer registered") == int(first)
+
+
+@pytest.mark.parametrize("overrides, eager", [
+    ([], True),  # CPU: no torch.compile (30-50 s of start-up for nothing)
+    (["cluster.gpus_per_node=2", "cluster.trainer_ranks=1"], False),  # GPU: CUDA graphs and compile
+    (["cluster.gpus_per_node=2", "cluster.trainer_ranks=1", "policy.generation.vllm_cfg.enforce_eager=true"], True),
+    (["policy.generation.vllm_cfg.enforce_eager=false"], False),
+])
+def test_eager_by_default_on_cpu_only_and_vllm_gpu_defaults_pinned_off(tmp_path: Path, overrides, eager):
+    import tempfile
+
+    from coordinator.cluster.specs import generator_settings
+    from generator_svc.config import vllm_environment
+
+    with tempfile.TemporaryDirectory(prefix="g") as short:  # vLLM's socket paths: a short scratch dir
+        settings = generator_settings(_cfg(*overrides), "model", 0, Path(short))
+    assert settings.enforce_eager is eager
+    assert settings.async_scheduling is False and settings.model_runner_v2 is False
+    env = vllm_environment(settings, {}, tmp_path / "run")
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert ("TORCHDYNAMO_DISABLE" in env) is eager
