@@ -24,8 +24,8 @@ reads these variables in its constructor, so the trainer's own default group kee
   this, the watchdog still only aborts the communicators, never the process (3, SkipCleanUp,
   the default, kills it).
 - the communicator is non-blocking (`Options.config.blocking = 0`), so `ncclCommInitRank` of a
-  new epoch is polled and given up after TORCH_NCCL_NONBLOCKING_TIMEOUT (op_timeout_s;
-  torch reads it once per process) instead of blocking forever on a peer that never joins.
+  new epoch is polled and given up after TORCH_NCCL_NONBLOCKING_TIMEOUT (op_timeout_s, set for
+  the process: torch reads it once) instead of blocking forever on a peer that never joins.
 A failed group is aborted (`abort()`: ncclCommAbort does not wait for a dead peer), not shut down.
 """
 
@@ -53,8 +53,14 @@ def backend_for(device: torch.device) -> str:
 
 def nccl_error_env(op_timeout_s: float) -> dict[str, str]:
     """The environment ProcessGroupNCCL reads when the weight-sync group is built (module docstring)."""
-    return {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
-            "TORCH_NCCL_NONBLOCKING_TIMEOUT": str(max(1, int(op_timeout_s)))}
+    return {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+def nccl_init_timeout_env(op_timeout_s: float) -> dict[str, str]:
+    """How long a non-blocking communicator's init may take: torch reads it once per process, when
+    a communicator is first made (lazily, at the first collective), so it is set for the process
+    (unless the environment already says) rather than around the group's construction."""
+    return {"TORCH_NCCL_NONBLOCKING_TIMEOUT": str(max(1, int(op_timeout_s)))}
 
 
 @contextlib.contextmanager
@@ -117,6 +123,8 @@ def _nccl_group(prefix: dist.Store, rank: int, spec: GroupSpec, timeout: datetim
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     opts.config.blocking = 0  # non-blocking communicator: its init is polled and can time out
+    for key, value in nccl_init_timeout_env(spec.op_timeout_s).items():
+        os.environ.setdefault(key, value)
     with _env(nccl_error_env(spec.op_timeout_s)):
         return dist.ProcessGroupNCCL(prefix, rank, spec.world_size, opts)
 

@@ -12,7 +12,14 @@ import torch.distributed as dist
 
 from tandem import weight_group, weight_sync
 from tandem.stores import serve_store
-from tandem.weight_group import DeviceKindMismatch, EpochGroup, agree_on_device, complete, make_group, nccl_error_env
+from tandem.weight_group import (
+    DeviceKindMismatch,
+    EpochGroup,
+    agree_on_device,
+    complete,
+    make_group,
+    nccl_init_timeout_env,
+)
 from tandem.weight_plan import GroupSpec
 from tandem.weight_sync import iter_buckets, make_bucket_plan, receive_buckets
 
@@ -40,7 +47,8 @@ class _FakeNccl:
 
 def test_nccl_group_is_built_blocking_wait_without_teardown_and_nonblocking_init(monkeypatch):
     for key in NCCL_KEYS:
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "unset after the test")  # recorded, so the undo removes what the code sets
+        monkeypatch.delenv(key)
     monkeypatch.setattr(dist, "ProcessGroupNCCL", _FakeNccl, raising=False)
     monkeypatch.setattr(weight_group, "agree_on_device", lambda *args: None)
     _FakeNccl.built = []
@@ -49,7 +57,10 @@ def test_nccl_group_is_built_blocking_wait_without_teardown_and_nonblocking_init
     assert env == {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
                    "TORCH_NCCL_NONBLOCKING_TIMEOUT": "42"}
     assert timeout.total_seconds() == 42.5 and blocking == 0
-    assert not any(key in os.environ for key in NCCL_KEYS)  # only while the weight-sync group is built
+    # the error policy only while the weight-sync group is built (the trainer's own group keeps its
+    # own); the init timeout for the process, since torch reads it once, lazily
+    assert not any(key in os.environ for key in NCCL_KEYS[:2])
+    assert os.environ["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "42"
 
 
 def test_gloo_group_sets_no_nccl_policy(monkeypatch):
@@ -70,7 +81,7 @@ def test_gloo_group_sets_no_nccl_policy(monkeypatch):
     monkeypatch.setattr(weight_group, "agree_on_device", lambda *args: None)
     make_group(dist.HashStore(), GroupSpec("127.0.0.1:1", 0, "s", 2), 1, CPU)
     assert built == [dict.fromkeys(NCCL_KEYS)]
-    assert nccl_error_env(0.2)["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "1"  # never 0 (no timeout)
+    assert nccl_init_timeout_env(0.2)["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "1"  # never 0 (no timeout)
 
 
 def _agree(store_port, rank, kind, results):
