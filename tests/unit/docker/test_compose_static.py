@@ -90,6 +90,10 @@ def test_gpu_services_reserve_the_devices_the_placement_gives_them(project):
     assert ids == {"trainer-gpu": [cfg.placement.trainer_env()["CUDA_VISIBLE_DEVICES"]],
                    "generator-gpu": [cfg.placement.generator_env(0)["CUDA_VISIBLE_DEVICES"]]}
     assert gpu["generator-gpu"]["deploy"]["replicas"] == 1
+    # one NCCL host id: NCCL between these containers uses shared memory, not sockets
+    assert {gpu[name]["environment"]["NCCL_HOSTID"] for name in ids} == {"tandem-compose"}
+    assert all(gpu[name]["environment"]["TANDEM_TOKEN_FILE"] == "/run/secrets/tandem_token" for name in ids)
+    assert all(gpu[name]["ipc"] == "host" for name in ids)
 
 
 @pytest.mark.parametrize("planted, needle", [
