@@ -26,6 +26,22 @@ def check_machine(cfg: ExperimentConfig, meminfo: Path = Path("/proc/meminfo")) 
     if cfg.checkpointing.enabled and cfg.checkpointing.checkpoint_dir:
         check_writable_dir(Path(cfg.checkpointing.checkpoint_dir), "checkpointing.checkpoint_dir")
     check_kv_cache_memory(cfg, meminfo)
+    check_gpus_declared(cfg, _visible_gpus())
+
+
+def _visible_gpus() -> int:
+    import torch  # torch's count does not initialise CUDA (the launched services fork after it)
+
+    return torch.cuda.device_count()
+
+
+def check_gpus_declared(cfg: ExperimentConfig, gpus: int) -> None:
+    """A local run on a machine with GPUs must say so (cluster.gpus_per_node): left at 0 nothing is
+    placed (config/placement.py), the trainer and every generator see all GPUs and all take the
+    first one (vLLM then refuses to start beside the trainer, or NCCL finds a duplicate GPU)."""
+    if cfg.cluster.launch.starts_services and gpus and not cfg.cluster.gpus_per_node:
+        raise ConfigError(f"cluster.gpus_per_node is 0 but this machine has {gpus} GPU(s): set cluster.gpus_per_node="
+                          f"{gpus} so that each service gets GPUs of its own (or hide them: CUDA_VISIBLE_DEVICES=)")
 
 
 def check_writable_dir(path: Path, key: str) -> None:
