@@ -40,7 +40,7 @@ def loop(tmp_path_factory):
     cfg = load_config(overrides=[
         "cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32",
-        "policy.generation.colocated.enabled=true"])
+        "policy.generation.colocated.enabled=true", "cluster.gpus_per_node=1"])  # placed: both on GPU 0
     model_dir = str(ensure_tiny_model(root / "cache"))
     train_path, _ = ensure_arithmetic_dataset(root / "cache", 0, 2000, 64)
     run_dir = root / "run"
