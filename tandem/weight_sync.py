@@ -18,6 +18,8 @@ How a transfer meets (see docs/architecture.md, "Weight sync"):
   the bucket being filled (`iter_buckets`): the full model is never held at once.
 - Every collective has a per-operation timeout: gloo's `abort()` does not interrupt a
   pending wait, so a dead peer is only noticed through the timeout (notes/distributed-cpu).
+  How the group is built, its NCCL error policy, the device-kind check of both ends and what
+  "complete" means on NCCL (the stream is synchronized): tandem/weight_group.py.
 - The receiver returns a complete staged state dict or raises: the caller swaps it in
   only once everything arrived, so a half-received update never serves a request.
 """
@@ -212,10 +214,11 @@ class WeightReceiver:
     """A generator's side: joins the epoch's group and receives one version.
 
     The device's extra memory is two buckets whatever the model's size: buckets arrive into two
-    buffers on `device` (the next one posted while the last one is copied out) and each tensor
-    is copied to `stage_device` as its bucket completes. A generator on a GPU stages in host
-    memory (pinned), outside vLLM's device budget, and vLLM's loaders copy each tensor onto the
-    device as they take it, as when they load a checkpoint; on CPU both are the CPU.
+    buffers on `device` (the next one posted while the last one is copied out) and each bucket
+    is copied to `stage_device` as it completes. A generator on a GPU stages in host memory
+    (pinned), outside vLLM's device budget, and vLLM's loaders copy each tensor onto the device
+    as they take it, as when they load a checkpoint; on CPU both are the CPU (a copy per tensor,
+    as before).
     """
 
     def __init__(self, device: torch.device | None = None, secret: str | None = None,
