@@ -41,7 +41,8 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
 def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:
     generation = cfg.policy.generation
     return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization", "enforce_eager"}),
-                             enforce_eager=enforce_eager(cfg), model_name=model_dir, dtype=serving_dtype(cfg), seed=cfg.grpo.seed + index,
+                             enforce_eager=enforce_eager(cfg), model_name=model_dir, dtype=serving_dtype(cfg),
+                             seed=cfg.grpo.seed + index,
                              scratch_dir=scratch, cache_dir=cache_root() / "vllm", colocated=generation.colocated.enabled,
                              gpu_memory_utilization=gpu_memory_utilization(cfg),
                              in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,

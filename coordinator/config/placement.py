@@ -69,7 +69,8 @@ def place(gpus_per_node: int, trainer_ranks: int, generators: int, workers_per_g
         if workers_per_generator > trainer_ranks:
             raise PlacementError(
                 f"colocated generators run on the trainer's GPUs: policy.generation.vllm_cfg tensor_parallel_size x "
-                f"pipeline_parallel_size ({workers_per_generator}) must not exceed cluster.trainer_ranks ({trainer_ranks})")
+                f"pipeline_parallel_size ({workers_per_generator}) must not exceed cluster.trainer_ranks "
+                f"({trainer_ranks})")
         shared = GeneratorDevices(trainer[:workers_per_generator], True)
         return Placement(gpus_per_node, trainer, tuple(shared for _ in range(generators)))
     free = gpus_per_node - trainer_ranks

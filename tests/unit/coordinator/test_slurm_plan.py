@@ -43,7 +43,8 @@ def test_gpu_layout_gives_each_generator_a_gpu_and_as_many_nodes_as_they_fill():
     assert (layout.ranks_per_node, layout.generator_nodes, layout.generators_per_node, layout.gpus_per_generator,
             layout.nodes) == (8, 2, 5, 1, 4)
     cfg = load_config(None, ["cluster.num_nodes=1", "cluster.gpus_per_node=8", "cluster.trainer_ranks=8",
-                             "cluster.launch=external", "cluster.num_generators=4", "policy.generation.colocated.resources.num_nodes=4",
+                             "cluster.launch=external", "cluster.num_generators=4",
+                             "policy.generation.colocated.resources.num_nodes=4",
                              "policy.generation.colocated.resources.gpus_per_node=1"])
     assert (slurm.plan(cfg).generator_nodes, slurm.plan(cfg).generators_per_node) == (4, 1)
 
@@ -131,7 +132,8 @@ def test_a_requeued_run_starts_its_services_only_once_the_last_coordinator_let_g
 
 def test_tandem_slurm_places_generators_on_nodes_of_their_own_not_on_the_trainers_gpus(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    layout = ["cluster.gpus_per_node=8", "cluster.num_generators=2", "policy.generation.vllm_cfg.tensor_parallel_size=2"]
+    layout = ["cluster.gpus_per_node=8", "cluster.num_generators=2",
+              "policy.generation.vllm_cfg.tensor_parallel_size=2"]
     with pytest.raises(ConfigError, match="dedicated generators do not fit"):  # one node, local launch: 8 + 4 GPUs
         load_config(None, layout)
     script, _ = prepare(parse_args([*layout, "logger.log_dir=runs"]))

@@ -158,7 +158,8 @@ def test_receive_holds_two_bucket_buffers_and_hands_each_bucket_out_only_once_co
     state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
     plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
     assert len(plan.bucket_sizes_bytes) >= 4
-    sent = [b.clone() for _, b in iter_buckets(plan, state.items(), lambda i, size: torch.empty(size, dtype=torch.uint8))]
+    packed = iter_buckets(plan, state.items(), lambda i, size: torch.empty(size, dtype=torch.uint8))
+    sent = [bucket.clone() for _, bucket in packed]
     log = []
     group = _Group(sent, log)
     monkeypatch.setattr(weight_sync, "complete", lambda work, device: log.append(("complete", work.name)))
