@@ -52,8 +52,17 @@ class VllmSettings(BaseModel):
     """GPU only: the fraction of the device's memory vLLM takes (weights, activations, KV cache).
     Unset: 0.9 for a dedicated generator, 0.5 for a colocated one (it shares the trainer's
     device; the coordinator splits that 0.5 between the colocated generators it launches)."""
-    enforce_eager: bool = True
-    """Skip torch.compile: 30-50 s more start-up on CPU for no gain on small models."""
+    enforce_eager: bool | None = None
+    """Skip torch.compile and CUDA graphs. Unset: eager on CPU nodes only (compiling costs 30-50 s
+    more start-up there for no gain on small models); on GPU nodes (cluster.gpus_per_node > 0)
+    vLLM compiles and captures CUDA graphs, its own default."""
+    async_scheduling: bool = False
+    """vLLM's async scheduling (it schedules step n+1 while step n runs), which vLLM 0.32 turns on
+    by itself on GPUs. Off unless set: Tandem's weight-version labels, keep-mode pauses and
+    in-flight updates were validated with it off (on CPU vLLM keeps it off)."""
+    model_runner_v2: bool = False
+    """vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER), which vLLM 0.32 picks by itself on GPUs
+    with Triton. Off unless set, for the same reason as async_scheduling."""
     tensor_parallel_size: int = Field(1, ge=1)
     """vLLM tensor parallelism inside one generator: its workers split every layer (CPU: gloo)."""
     pipeline_parallel_size: int = Field(1, ge=1)
@@ -99,6 +108,9 @@ class GeneratorSettings(VllmSettings):
 
     model_name: str
     """Hugging Face checkpoint directory (or hub name where downloads are possible)."""
+    enforce_eager: bool = True
+    """Skip torch.compile and CUDA graphs (the coordinator resolves vllm_cfg's unset value by the
+    node's device kind: coordinator/launch/specs.py)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Engine dtype; received weights are converted to it by the sender's bucket plan."""
     seed: int = 0
@@ -202,6 +214,8 @@ def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_p
         # Even in eager mode vLLM's sampler torch.compiles a small logprob-rank kernel (g++ on
         # the first request: ~11 s on 2 busy cores); eager PyTorch computes the same thing.
         env["TORCHDYNAMO_DISABLE"] = "1"
+    # vLLM decides the V2 model runner by itself (on with Triton on GPUs) unless told
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if settings.model_runner_v2 else "0"
     if settings.distributed_executor_backend == "uni":  # else vLLM's CPU platform forces "mp"
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if settings.cpu_threads_bind is None and "OMP_NUM_THREADS" not in current:

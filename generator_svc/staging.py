@@ -3,7 +3,10 @@
 `worker_extension.TandemWeightExtension` applies later in one step.
 
     CollectiveSource    receive the plan's buckets over the weight-sync group (the receiver
-                        joins each epoch's group once and is kept across versions)
+                        joins each epoch's group once and is kept across versions); on a GPU
+                        the buckets arrive two at a time into the device and are staged in
+                        pinned host memory, outside vLLM's device budget (gpu_memory_utilization):
+                        the device never holds a second copy of the model
     SharedMemorySource  load the safetensors files the trainer wrote (mapped, not copied twice)
     CudaIpcSource       open the trainer's buckets through their CUDA IPC handles: views of the
                         trainer's memory, valid until the load call returns
@@ -19,6 +22,8 @@ from tandem.rpc import load_token
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource, WeightSource
 from tandem.weight_sync import WeightReceiver
 
+HOST = torch.device("cpu")
+
 
 class Stager:
     """One per worker: keeps the weight-sync receiver between versions."""
@@ -31,7 +36,9 @@ class Stager:
         """`version`'s tensors by HF name; raises on any failure (nothing is half-read)."""
         if isinstance(source, CollectiveSource):
             if self._receiver is None:  # sealed with the run's token, which vLLM's process inherits from the service
-                self._receiver = WeightReceiver(device=self._device, secret=load_token())
+                # staged in host memory whatever the device: vLLM's loaders copy each tensor onto the
+                # device as they load it (as from a checkpoint on disk)
+                self._receiver = WeightReceiver(device=self._device, secret=load_token(), stage_device=HOST)
             return self._receiver.receive(source.group, source.rank, version, source.plan)
         if isinstance(source, SharedMemorySource):
             return _read_files(source.directory, self._device)

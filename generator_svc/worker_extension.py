@@ -7,7 +7,8 @@ tensors, so the weight source arrives as JSON (tandem.weight_source) and the byt
 the source itself: the weight-sync collective, shared-memory files or CUDA IPC handles.
 
 With several workers (vLLM tensor/pipeline parallel), the collective source is read by the
-first worker alone and fanned out to the others (generator_svc/fanout.py); shared-memory and
+first worker alone and fanned out to the others over vLLM's device group (NCCL on GPUs, gloo
+on CPU: generator_svc/fanout.py); shared-memory and
 CUDA IPC sources are read by every worker itself.
 
 Two steps, so that a failed read never touches the model:
@@ -47,8 +48,9 @@ class TandemWeightExtension:
         if workers is None or not isinstance(source, CollectiveSource):
             staged = stager.read(source, version)
         else:
-            group, source_rank, is_first = workers
-            staged = fan_out(lambda: stager.read(source, version), source.plan, group, source_rank, is_first)
+            group, device_group, source_rank, is_first = workers
+            staged = fan_out(lambda: stager.read(source, version), source.plan, group, source_rank, is_first,
+                             device_group=device_group, device=torch.device(self.device))
         self._tandem_staged = (version, staged)
         return len(staged)
 
@@ -82,11 +84,11 @@ class TandemWeightExtension:
 
 
 def _workers():
-    """(the generator's CPU group of workers, its first worker's global rank, whether this is it),
-    or None for a single worker."""
+    """(the generator's CPU group of workers, its device group (NCCL on GPUs), its first worker's
+    global rank, whether this is it), or None for a single worker."""
     from vllm.distributed.parallel_state import get_world_group
 
     world = get_world_group()
     if world.world_size == 1:
         return None
-    return world.cpu_group, world.ranks[0], world.rank_in_group == 0
+    return world.cpu_group, world.device_group, world.ranks[0], world.rank_in_group == 0

@@ -5,6 +5,9 @@ own vLLM platform's; both get the same answer because colocated services share t
 
     colocated  device  weights travel by                      generators sleep while the trainer works
     no         any     the weight-sync group (gloo / NCCL)    no (they have devices of their own)
+    no, on the cuda    CUDA IPC handles of the trainer's      no (dedicated: the device is split by
+    trainer's GPU      buckets (NCCL refuses two ranks on     gpu_memory_utilization; coordinator/
+                       one device)                            config/placement.py, a one-GPU node)
     yes        cpu     safetensors files in shared memory     no (vLLM on CPU has no sleep mode)
     yes        cuda    CUDA IPC handles of the trainer's      yes: level 1 (weights to host memory,
                        buckets                                KV cache dropped), woken around a publish
@@ -44,10 +47,13 @@ class Colocation:
         return self.transport is not WeightTransport.GROUP
 
 
-def resolve_colocation(colocated: bool, device_type: str) -> Colocation:
+def resolve_colocation(colocated: bool, device_type: str, shares_device: bool = False) -> Colocation:
     """The transport and sleep policy for `colocated` generators next to a `device_type`
-    ("cpu" or "cuda", torch's device kinds) trainer."""
+    ("cpu" or "cuda", torch's device kinds) trainer; `shares_device`: dedicated generators placed
+    on the trainer's GPU."""
     if not colocated:
+        if shares_device and device_type == "cuda":
+            return Colocation(WeightTransport.CUDA_IPC, sleeps=False)
         return Colocation(WeightTransport.GROUP, sleeps=False)
     if device_type == "cpu":
         return Colocation(WeightTransport.SHARED_MEMORY, sleeps=False)

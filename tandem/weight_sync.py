@@ -18,6 +18,8 @@ How a transfer meets (see docs/architecture.md, "Weight sync"):
   the bucket being filled (`iter_buckets`): the full model is never held at once.
 - Every collective has a per-operation timeout: gloo's `abort()` does not interrupt a
   pending wait, so a dead peer is only noticed through the timeout (notes/distributed-cpu).
+  How the group is built, its NCCL error policy, the device-kind check of both ends and what
+  "complete" means on NCCL (the stream is synchronized): tandem/weight_group.py.
 - The receiver returns a complete staged state dict or raises: the caller swaps it in
   only once everything arrived, so a half-received update never serves a request.
 """
@@ -25,13 +27,13 @@ How a transfer meets (see docs/architecture.md, "Weight sync"):
 from __future__ import annotations
 
 import datetime
-import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
 from tandem.stores import SealedStore, serve_store
+from tandem.weight_group import EpochGroup, _split_address, broadcast, complete
 from tandem.weight_plan import BucketPlan, GroupSpec, TensorSpec
 
 __all__ = ["BucketPlan", "GroupSpec", "TensorSpec", "WeightReceiver", "WeightSender", "make_bucket_plan"]
@@ -78,71 +80,6 @@ def _align(n: int) -> int:
     return (n + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"weight-sync store address must be host:port, got {address!r}")
-    return host, int(port)
-
-
-def _make_group(store: dist.Store, spec: GroupSpec, rank: int, device: torch.device) -> dist.ProcessGroup:
-    """Build the epoch's group straight from a PrefixStore (no default-group involvement)."""
-    if not 0 <= rank < spec.world_size:
-        raise ValueError(f"rank {rank} outside group of size {spec.world_size}")
-    prefix = dist.PrefixStore(f"weights/{spec.epoch}-{spec.epoch_secret}", store)
-    timeout = datetime.timedelta(seconds=spec.op_timeout_s)
-    if device.type == "cuda":  # GPU path: same protocol over NCCL (untested on these CPU machines)
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        return dist.ProcessGroupNCCL(prefix, rank, spec.world_size, opts)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    host, _ = _split_address(spec.store_address)
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_interface_for(host))]
-    return dist.ProcessGroupGloo(prefix, rank, spec.world_size, opts)
-
-
-def _local_interface_for(store_host: str) -> str:
-    """The address gloo binds: loopback when the store is local, else this host's address on the
-    interface that routes to the store's host (containers, other hosts), which every member reaches."""
-    if store_host in ("127.0.0.1", "localhost"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(store_host), 9))  # UDP connect: picks the route, sends nothing
-        return probe.getsockname()[0]
-
-
-def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> dist.Work:
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    opts.rootTensor = 0
-    opts.timeout = datetime.timedelta(seconds=timeout_s)
-    return group.broadcast([tensor], opts)
-
-
-class _EpochGroup:
-    """Caches the process group of the current epoch; a new epoch replaces (and shuts down) it."""
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._group: dist.ProcessGroup | None = None
-
-    def get(self, store: dist.Store, spec: GroupSpec, rank: int, device: torch.device) -> dist.ProcessGroup:
-        if self._key != (*spec.key, rank) or self._group is None:
-            self.close()
-            self._group = _make_group(store, spec, rank, device)
-            self._key = (*spec.key, rank)
-        return self._group
-
-    def close(self) -> None:
-        if self._group is not None:
-            try:
-                self._group.shutdown()
-            except RuntimeError:
-                pass  # a group whose peer died may refuse a clean shutdown; it is dropped anyway
-        self._group, self._key = None, None
-
-
 def _header(version: int, plan: BucketPlan, device: torch.device) -> torch.Tensor:
     return torch.tensor([version, len(plan.bucket_sizes_bytes), plan.total_bytes, plan.digest()],
                         dtype=torch.int64, device=device)
@@ -160,7 +97,7 @@ class WeightSender:
         self._store = self._server if secret is None else SealedStore(self._server, secret, "weight-sync")
         self._advertise = advertise_host or host
         self._device = device or torch.device("cpu")
-        self._group = _EpochGroup()
+        self._group = EpochGroup()
 
     @property
     def address(self) -> str:
@@ -177,28 +114,28 @@ class WeightSender:
         try:
             return self._send(spec, version, plan, tensors)
         except Exception:
-            self._group.close()  # never reuse a group that failed mid-transfer
+            self._group.close(failed=True)  # never reuse a group that failed mid-transfer
             raise
 
     def _send(self, spec: GroupSpec, version: int, plan: BucketPlan,
               tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         group = self._group.get(self._store, spec, 0, self._device)
-        _broadcast(group, _header(version, plan, self._device), spec.op_timeout_s).wait()
+        complete(broadcast(group, _header(version, plan, self._device), spec.op_timeout_s), self._device)
         buffers = [torch.empty(size, dtype=torch.uint8, device=self._device) for size in send_buffer_sizes(plan)]
         pending: list[dist.Work | None] = [None, None]
 
         def buffer_for(index: int, size: int) -> torch.Tensor:
             slot = index % 2
             if pending[slot] is not None:
-                pending[slot].wait()  # the buffer is free again once its broadcast finished
+                complete(pending[slot], self._device)  # the buffer is free again once its broadcast finished
                 pending[slot] = None
             return buffers[slot][:size]
 
         for index, bucket in iter_buckets(plan, tensors, buffer_for):
-            pending[index % 2] = _broadcast(group, bucket, spec.op_timeout_s)
+            pending[index % 2] = broadcast(group, bucket, spec.op_timeout_s)
         for work in pending:
             if work is not None:
-                work.wait()
+                complete(work, self._device)  # returns once every byte left: the caller's timing is the transfer's
         return plan.total_bytes
 
     def close(self) -> None:
@@ -274,12 +211,22 @@ def _pack(buffer: torch.Tensor, spec: TensorSpec, tensor: torch.Tensor) -> None:
 
 
 class WeightReceiver:
-    """A generator's side: joins the epoch's group and receives one version."""
+    """A generator's side: joins the epoch's group and receives one version.
 
-    def __init__(self, device: torch.device | None = None, secret: str | None = None):
+    The device's extra memory is two buckets whatever the model's size: buckets arrive into two
+    buffers on `device` (the next one posted while the last one is copied out) and each bucket
+    is copied to `stage_device` as it completes. A generator on a GPU stages in host memory
+    (pinned), outside vLLM's device budget, and vLLM's loaders copy each tensor onto the device
+    as they take it, as when they load a checkpoint; on CPU both are the CPU (a copy per tensor,
+    as before).
+    """
+
+    def __init__(self, device: torch.device | None = None, secret: str | None = None,
+                 stage_device: torch.device | None = None):
         """`secret`: the run's token, as the sender's (None: an unsealed store)."""
         self._device = device or torch.device("cpu")
-        self._group = _EpochGroup()
+        self._stage_device = stage_device or self._device
+        self._group = EpochGroup()
         self._secret = secret
         self._store: dist.Store | None = None
         self._store_address: str | None = None
@@ -297,7 +244,7 @@ class WeightReceiver:
         try:
             return self._receive(spec, rank, version, plan)
         except Exception:
-            self._group.close()
+            self._group.close(failed=True)
             raise
 
     def _receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
@@ -305,30 +252,44 @@ class WeightReceiver:
             raise ValueError(f"receivers take ranks 1..world_size-1 ({spec.world_size - 1}), got {rank}")
         group = self._group.get(self._store_for(spec), spec, rank, self._device)
         header = torch.zeros(4, dtype=torch.int64, device=self._device)
-        _broadcast(group, header, spec.op_timeout_s).wait()
+        complete(broadcast(group, header, spec.op_timeout_s), self._device)
         expected = _header(version, plan, self._device)
         if not torch.equal(header, expected):
             raise ConnectionError(f"weight-sync header {header.tolist()} does not match the announced "
                                   f"{expected.tolist()} (version, buckets, bytes, plan digest)")
         staged: dict[str, torch.Tensor] = {}
-        by_bucket: dict[int, list[TensorSpec]] = {}
-        for t in plan.tensors:
-            by_bucket.setdefault(t.bucket_index, []).append(t)
-        sizes = plan.bucket_sizes_bytes
-        buffers = [torch.empty(max(sizes, default=0), dtype=torch.uint8, device=self._device) for _ in range(2)]
-        works = {0: _broadcast(group, buffers[0][:sizes[0]], spec.op_timeout_s)} if sizes else {}
-        for index in range(len(sizes)):
-            works.pop(index).wait()
-            if index + 1 < len(sizes):  # keep the next receive posted while this one unpacks
-                works[index + 1] = _broadcast(group, buffers[(index + 1) % 2][:sizes[index + 1]], spec.op_timeout_s)
-            buffer = buffers[index % 2]
-            for t in by_bucket.get(index, []):
-                raw = buffer[t.offset_bytes:t.offset_bytes + t.size_bytes].clone()
+        for _, bucket, tensors in receive_buckets(group, plan, self._device, spec.op_timeout_s):
+            if self._stage_device != self._device:  # one copy of the whole bucket, in pinned host memory
+                bucket = torch.empty(bucket.shape, dtype=torch.uint8, device=self._stage_device,
+                                     pin_memory=True).copy_(bucket)
+            for t in tensors:
+                raw = bucket[t.offset_bytes:t.offset_bytes + t.size_bytes]
+                if self._stage_device == self._device:
+                    raw = raw.clone()  # the buffer is refilled two buckets later
                 staged[t.name] = raw.view(getattr(torch, t.dtype)).view(t.shape)
         return staged
 
     def close(self) -> None:
         self._group.close()
+
+
+def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.device, timeout_s: float
+                    ) -> Iterator[tuple[int, torch.Tensor, list[TensorSpec]]]:
+    """Receive the plan's buckets into two reused buffers on `device`; yield (index, the bucket's
+    bytes, the specs of its tensors) as each one completes. The bytes are a view into a buffer
+    that is refilled two buckets later: the caller copies out what it keeps before it asks for
+    the next bucket. While it does, the next bucket is already posted into the other buffer."""
+    by_bucket: dict[int, list[TensorSpec]] = {}
+    for t in plan.tensors:
+        by_bucket.setdefault(t.bucket_index, []).append(t)
+    sizes = plan.bucket_sizes_bytes
+    buffers = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(min(2, len(sizes)))]
+    works = {0: broadcast(group, buffers[0][:sizes[0]], timeout_s)} if sizes else {}
+    for index in range(len(sizes)):
+        complete(works.pop(index), device)  # the bytes are in the buffer, not merely enqueued (NCCL)
+        if index + 1 < len(sizes):  # keep the next receive posted while this one is copied out
+            works[index + 1] = broadcast(group, buffers[(index + 1) % 2][:sizes[index + 1]], timeout_s)
+        yield index, buffers[index % 2][:sizes[index]], by_bucket.get(index, [])
 
 
 def iter_plan_tensors(plan: BucketPlan, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -55,7 +55,9 @@ def prepare(args: argparse.Namespace) -> tuple[Path, str]:
     """Validate the experiment, make the run directory and write the script; (script, run name)."""
     from coordinator.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    # the services are Slurm's to place (as the containers' coordinator, cluster.launch=external): a
+    # trainer filling its nodes' GPUs is fine, its generators get nodes of their own (slurm.plan)
+    cfg = load_config(args.config, [*args.overrides, "cluster.launch=external"])
     layout = slurm.plan(cfg)
     name = cfg.logger.run_name
     if args.join and not name:

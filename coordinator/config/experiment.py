@@ -14,6 +14,7 @@ from coordinator.config.algorithms import GRPOConfig, LossConfig, SFTConfig
 from coordinator.config.data import DataConfig
 from coordinator.config.defaults import check_length_keys, derived_defaults
 from coordinator.config.env import EnvConfig
+from coordinator.config.placement import Placement, place
 from coordinator.config.policy import PolicyConfig
 from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
 from coordinator.config.run import CheckpointingConfig, ClusterConfig, LoggerConfig
@@ -70,6 +71,23 @@ class ExperimentConfig(Section):
             return ServicePlan(0, 0, ())
         launched = self.cluster.num_generators if self.policy.generation.backend.separate_services else 0
         return ServicePlan(launched, launched or 1, tuple(self.env))
+
+    @property
+    def placement(self) -> Placement:
+        """The GPUs each service on this node takes (config/placement.py); nothing on CPU nodes,
+        nor on several nodes, where `tandem slurm` (or Kubernetes) gives each its GPUs."""
+        cluster = self.cluster
+        return place(cluster.gpus_per_node if cluster.num_nodes == 1 else 0, cluster.trainer_ranks,
+                     self.service_plan.generator_services, self.policy.generation.vllm_cfg.num_workers,
+                     self.policy.generation.colocated.enabled)
+
+    @property
+    def generators_share_trainer_device(self) -> bool:
+        """Generators launched here on the trainer's GPU: colocated, or dedicated on a one-GPU node
+        (weights then travel by CUDA IPC, tandem.colocation). Others place them elsewhere (external)."""
+        generation = self.policy.generation
+        return generation.colocated.enabled or (self.cluster.launch.starts_services
+                                                and self.placement.generators_share_trainer_device)
 
     @property
     def derived(self) -> dict[str, str]:
@@ -131,6 +149,12 @@ class ExperimentConfig(Section):
         if ranks % dtensor.tensor_parallel_size:
             raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size ({dtensor.tensor_parallel_size}) must divide "
                              f"cluster.trainer_ranks ({ranks})")
+        return self
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> ExperimentConfig:
+        if self.cluster.launch.starts_services:
+            _ = self.placement  # raises PlacementError (a ValueError) naming the keys
         return self
 
     @model_validator(mode="after")

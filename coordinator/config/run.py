@@ -42,7 +42,10 @@ class ClusterConfig(Section):
     num_nodes: int = Field(1, ge=1)
     """Nodes of the cluster (NeMo-RL's key; local runs use this host)."""
     gpus_per_node: int = Field(0, ge=0)
-    """GPUs per node (NeMo-RL's key; 0 on CPU machines)."""
+    """GPUs per node (NeMo-RL's key; 0 on CPU machines). On one node (local launch) the trainer's
+    ranks take the first GPUs and each dedicated generator the next tensor x pipeline parallel ones
+    (on a one-GPU node it shares GPU 0 with the trainer, weights by CUDA IPC); each service sees
+    only its own (CUDA_VISIBLE_DEVICES). A layout that does not fit fails at load."""
     trainer_ranks: int | None = Field(None, ge=1)
     """torchrun processes of the trainer (local mode). Unset: one per GPU (gpus_per_node x num_nodes),
     or on a CPU-only machine the fewest the parallel layout needs (its tensor x pipeline parallel

@@ -119,7 +119,10 @@ class LocalCluster:
 
     def _launch(self) -> None:
         """Start the run's services as local children (cluster.launch local)."""
-        launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher, trainer_only=self.trainer_only)
+        launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher, trainer_only=self.trainer_only,
+                   trainer_ready=lambda: self.registry.wait_for(
+                       lambda members: any(m.kind is ServiceKind.TRAINER for m in members),
+                       self.cfg.cluster.startup_timeout_s, check=self.launcher.check))
 
     def _ready(self):
         """The predicate over live members that start-up waits for."""

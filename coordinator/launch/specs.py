@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +40,9 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
 
 def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:
     generation = cfg.policy.generation
-    return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization"}),
-                             model_name=model_dir, dtype=serving_dtype(cfg), seed=cfg.grpo.seed + index,
+    return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization", "enforce_eager"}),
+                             enforce_eager=enforce_eager(cfg), model_name=model_dir, dtype=serving_dtype(cfg),
+                             seed=cfg.grpo.seed + index,
                              scratch_dir=scratch, cache_dir=cache_root() / "vllm", colocated=generation.colocated.enabled,
                              gpu_memory_utilization=gpu_memory_utilization(cfg),
                              in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
@@ -48,13 +50,21 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
                                  cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates))
 
 
+def enforce_eager(cfg: ExperimentConfig) -> bool:
+    """vllm_cfg.enforce_eager, else eager on CPU nodes only: on GPUs vLLM's torch.compile and CUDA
+    graphs are its speed (cluster.gpus_per_node says which kind the generators run on)."""
+    configured = cfg.policy.generation.vllm_cfg.enforce_eager
+    return configured if configured is not None else not cfg.cluster.gpus_per_node
+
+
 def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
     """Each generator's share of its GPU: the configured one, else 0.9 for dedicated generators
-    and 0.5 split between colocated ones (they share the trainer's rank-0 device)."""
+    on GPUs of their own and 0.5 split between generators that share the trainer's device
+    (colocated, or dedicated on a one-GPU node: cfg.placement)."""
     configured = cfg.policy.generation.vllm_cfg.gpu_memory_utilization
     if configured is not None:
         return configured
-    return 0.5 / cfg.cluster.num_generators if cfg.policy.generation.colocated.enabled else 0.9
+    return 0.5 / cfg.cluster.num_generators if cfg.generators_share_trainer_device else 0.9
 
 
 def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
@@ -77,10 +87,23 @@ def scratch_root(run_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"tandem-{os.getuid()}" / digest
 
 
+def trainer_starts_first(cfg: ExperimentConfig) -> bool:
+    """Whether the generators start only once the trainer has registered: those on the trainer's
+    GPU (colocated, or a one-GPU node). vLLM sizes its KV cache by profiling the device's free
+    memory at start-up and refuses to go on if another process frees memory meanwhile
+    (vllm/v1/worker/gpu_worker.py: "Error in memory profiling"); a registered trainer
+    has built its model and holds its memory still until the run's first step, which waits for
+    every generator."""
+    return cfg.cluster.gpus_per_node > 0 and cfg.generators_share_trainer_device
+
+
 def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
-               launcher: LocalLauncher, *, trainer_only: bool = False) -> None:
+               launcher: LocalLauncher, *, trainer_only: bool = False,
+               trainer_ready: Callable[[], None] | None = None) -> None:
     """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators (none when
-    the trainer generates itself: policy.generation.backend megatron) and one reward service per task."""
+    the trainer generates itself: policy.generation.backend megatron) and one reward service per task.
+    `trainer_ready` waits until the trainer has registered: called before the generators start
+    where they share its GPU (`trainer_starts_first`)."""
     settings_dir = run_dir / "services"
     settings_dir.mkdir(parents=True, exist_ok=True)
     common = ["--host", cfg.cluster.host, "--coordinator", coordinator]
@@ -90,18 +113,20 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         path.write_text(settings.model_dump_json(indent=1))
         return str(path)
 
-    threads = service_threads(cfg)
+    threads, placement = service_threads(cfg), cfg.placement  # each service sees only its own GPUs
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
-        *common), env=threads.env(ServiceKind.TRAINER)))
+        *common), env=threads.env(ServiceKind.TRAINER) | placement.trainer_env()))
     if trainer_only:
         return
     plan = cfg.service_plan  # dpo, rm: no generators and no reward services
+    if plan.generator_services and trainer_ready is not None and trainer_starts_first(cfg):
+        trainer_ready()
     for index in range(plan.generator_services):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
-                                   env=threads.env(ServiceKind.GENERATOR),
+                                   env=threads.env(ServiceKind.GENERATOR) | placement.generator_env(index),
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
     for task in (t for t in plan.reward_tasks if not cfg.env[t].external):  # external: someone else serves it
         name = f"reward-{task}"

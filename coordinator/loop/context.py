@@ -22,7 +22,7 @@ from coordinator.loop.drift import DriftGuard
 from coordinator.loop.scoring import RewardRouter
 from coordinator.loop.weights.phases import GeneratorPhases
 from coordinator.loop.weights.publisher import WeightPublisher
-from coordinator.loop.weights.transports import PublishReport, build_transport
+from coordinator.loop.weights.transports import CudaIpcTransport, PublishReport, build_transport
 from coordinator.membership.services import GeneratorHandle, Services
 from coordinator.membership.versions import WeightVersions
 from tandem.colocation import resolve_colocation
@@ -59,7 +59,8 @@ class LoopContext:
         """The loop's context over live services. `versions`: the run's weight versions (kept
         across trainer restarts, shown by `tandem status`); default a fresh one."""
         info = services.trainer.info()
-        colocation = resolve_colocation(cfg.policy.generation.colocated.enabled, info.device_type)
+        colocation = resolve_colocation(cfg.policy.generation.colocated.enabled, info.device_type,
+                                        shares_device=cfg.generators_share_trainer_device)
         log.info("colocation", transport=colocation.transport.value, sleeps=colocation.sleeps,
                  device_type=info.device_type)
         transport = build_transport(colocation.transport, services.trainer, info.bucket_plan,
@@ -67,6 +68,8 @@ class LoopContext:
         publisher = WeightPublisher(services.trainer, transport, log, versions=versions,
                                     on_dead=services.generator_failed)
         phases = GeneratorPhases(colocation, log, on_dead=services.generator_failed)
+        if isinstance(transport, CudaIpcTransport):
+            transport.before_load = phases.wake_weights  # sleeping weights wake after the trainer's export
         return cls(cfg, services, tokens, PromptCursor(examples, seed), publisher, log, phases,
                    generator_wait_s=cfg.cluster.startup_timeout_s)
 

@@ -7,6 +7,7 @@ naming the key and what to change.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -26,6 +27,27 @@ def check_machine(cfg: ExperimentConfig, meminfo: Path = Path("/proc/meminfo")) 
     if cfg.checkpointing.enabled and cfg.checkpointing.checkpoint_dir:
         check_writable_dir(Path(cfg.checkpointing.checkpoint_dir), "checkpointing.checkpoint_dir")
     check_kv_cache_memory(cfg, meminfo)
+    check_gpus_declared(cfg, _visible_gpus())
+
+
+def _visible_gpus(driver: Path = Path("/proc/driver/nvidia/gpus")) -> int:
+    """The GPUs the NVIDIA driver shows (one directory each), as CUDA_VISIBLE_DEVICES narrows them.
+    Not torch.cuda.device_count(): importing torch costs the coordinator ~1 CPU-s before it
+    launches the services (tests/unit/coordinator/launch/test_launch_imports.py)."""
+    found = len(list(driver.iterdir())) if driver.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    return min(found, len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")]))
+
+
+def check_gpus_declared(cfg: ExperimentConfig, gpus: int) -> None:
+    """A local run on a machine with GPUs must say so (cluster.gpus_per_node): left at 0 nothing is
+    placed (config/placement.py), the trainer and every generator see all GPUs and all take the
+    first one (vLLM then refuses to start beside the trainer, or NCCL finds a duplicate GPU)."""
+    if cfg.cluster.launch.starts_services and gpus and not cfg.cluster.gpus_per_node:
+        raise ConfigError(f"cluster.gpus_per_node is 0 but this machine has {gpus} GPU(s): set cluster.gpus_per_node="
+                          f"{gpus} so that each service gets GPUs of its own (or hide them: CUDA_VISIBLE_DEVICES=)")
 
 
 def check_writable_dir(path: Path, key: str) -> None:

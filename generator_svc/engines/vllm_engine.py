@@ -354,6 +354,7 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool, float
     args = AsyncEngineArgs(
         model=settings.model_name, dtype=settings.dtype, max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs, seed=settings.seed, enforce_eager=settings.enforce_eager,
+        async_scheduling=settings.async_scheduling,  # vLLM's None turns it on on GPUs
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
         distributed_executor_backend=settings.distributed_executor_backend,

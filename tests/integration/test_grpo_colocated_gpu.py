@@ -32,7 +32,7 @@ def loop(tmp_path_factory, start_loop):
     cfg = load_config(overrides=[
         "cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "policy.train_micro_batch_size=32",
-        "policy.generation.colocated.enabled=true"])
+        "policy.generation.colocated.enabled=true", "cluster.gpus_per_node=1"])  # placed: both on GPU 0
     with start_loop(root, cfg, num_train=2000, num_val=64) as (ctx, _):
         yield ctx
 

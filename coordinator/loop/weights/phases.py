@@ -6,7 +6,8 @@ Colocated generators on GPUs share the device with the trainer, so they sleep wh
 
     rollouts -> sleep (level 1: weights to host memory, KV cache dropped)
              -> trainer: logprobs, train
-             -> wake weights -> publish (CUDA IPC) -> wake KV cache -> next rollouts
+             -> trainer exports (empties its CUDA cache, packs the buckets) -> wake weights
+             -> generators load (CUDA IPC) -> wake KV cache -> next rollouts
 
 A generator refuses Generate while anything of it sleeps, so a rollout can only follow a
 publish. A generator that cannot be reached while being put to sleep or woken is reported
@@ -32,6 +33,7 @@ class GeneratorPhases:
         self._log = log
         self._on_dead = on_dead
         self._asleep: dict[str, object] = {}  # member_id -> GeneratorHandle
+        self._weights_asleep: list = []  # during a publish: the generators whose weights still sleep
 
     @property
     def asleep(self) -> list[str]:
@@ -52,17 +54,31 @@ class GeneratorPhases:
     def publish(self, publish: Callable[[], R]) -> R:
         """Run `publish` with the sleeping generators' weights awake, then wake their KV cache
         (whether or not the publish succeeded: a stale generator is kept out of rollouts by
-        admission, not by sleeping)."""
+        admission, not by sleeping). The weights are woken by `wake_weights`, which the CUDA IPC
+        transport calls once the trainer has exported (and, first, emptied its CUDA cache:
+        trainer_svc/cuda_ipc.py), so vLLM takes its weights' memory back after the trainer gave
+        its cache up, not before; whatever is still asleep then is woken here."""
         sleeping, self._asleep = list(self._asleep.values()), {}
+        self._weights_asleep = list(sleeping)
         try:
-            for handle in sleeping:
-                self._call(handle, lambda h: h.client.wake_up(["weights"]), raise_errors=True)
             result = publish()
+            self.wake_weights()  # a transport that did not call it (nothing loaded)
         except BaseException:
-            self._wake_kv_cache(sleeping, raise_errors=False)  # the publish's own error is the one to see
+            self._wake(self._weights_asleep, "weights", raise_errors=False)  # the publish's own error is the one to see
+            self._weights_asleep = []
+            self._wake_kv_cache(sleeping, raise_errors=False)
             raise
         self._wake_kv_cache(sleeping, raise_errors=True)
         return result
+
+    def wake_weights(self) -> None:
+        """Wake the weights of the generators that sleep through the publish in progress (once)."""
+        waking, self._weights_asleep = self._weights_asleep, []
+        self._wake(waking, "weights", raise_errors=True)
+
+    def _wake(self, handles: list, memory: str, raise_errors: bool) -> None:
+        for handle in handles:
+            self._call(handle, lambda h: h.client.wake_up([memory]), raise_errors=raise_errors)
 
     def _wake_kv_cache(self, handles: list, raise_errors: bool) -> None:
         for handle in handles:

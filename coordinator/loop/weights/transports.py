@@ -158,6 +158,9 @@ class CudaIpcTransport:
         self._trainer, self._plan, self._log = trainer, plan, log
         self._timeout_s = op_timeout_s * 10
         self.epoch = -1
+        self.before_load: Callable[[], None] = lambda: None
+        """Called between the trainer's export and the generators' loads (loop/weights/phases.py
+        wakes sleeping generators' weights there, once the trainer has emptied its cache)."""
 
     def reset(self) -> None:
         pass  # every send exports afresh
@@ -166,6 +169,7 @@ class CudaIpcTransport:
         start = time.perf_counter()
         export = self._trainer.export_cuda_ipc(version)
         try:
+            self.before_load()
             _load_all(generators, lambda i: CudaIpcSource(export.buckets, self._plan), version, self._timeout_s)
         finally:
             self._trainer.release_cuda_ipc(version)

@@ -134,7 +134,11 @@ def test_the_manifests_agree_with_the_experiment_they_carry(rendered, tmp_path):
     gpus = _container(docs, "tandem-trainer")["resources"].get("limits", {}).get("nvidia.com/gpu")
     if overlay == "gpu":
         assert int(gpus) == int(env["TANDEM_RANKS_PER_NODE"]) == cfg.cluster.gpus_per_node
-        assert _container(docs, "tandem-generator")["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        # a generator pod asks one GPU per vLLM worker (the device plugin gives every pod GPUs of its own)
+        generator = _container(docs, "tandem-generator")["resources"]
+        assert int(generator["limits"]["nvidia.com/gpu"]) == cfg.policy.generation.vllm_cfg.num_workers
+        assert generator["requests"]["nvidia.com/gpu"] == generator["limits"]["nvidia.com/gpu"]
+        assert not cfg.policy.generation.colocated.enabled  # pods never share a GPU
         assert all(c["image"].endswith(":gpu") for t in pods(docs).values() for c in t["spec"]["containers"])
     else:
         assert gpus is None and cfg.cluster.gpus_per_node == 0

@@ -77,6 +77,23 @@ def test_compose_model_has_what_the_stack_relies_on(project):
     for name in ("trainer-gpu", "generator-gpu"):
         devices = gpu[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["capabilities"] == ["gpu"], name
+        assert "count" not in devices[0], name  # device ids, never all GPUs (config/placement.py)
+
+
+def test_gpu_services_reserve_the_devices_the_placement_gives_them(project):
+    from coordinator.config import load_config
+
+    cfg = load_config(overrides=["cluster.gpus_per_node=2", "cluster.trainer_ranks=1", "cluster.num_generators=1"])
+    gpu = json.loads(_compose(project, "config", "--format", "json", profiles="gpu").stdout)["services"]
+    ids = {name: gpu[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+           for name in ("trainer-gpu", "generator-gpu")}
+    assert ids == {"trainer-gpu": [cfg.placement.trainer_env()["CUDA_VISIBLE_DEVICES"]],
+                   "generator-gpu": [cfg.placement.generator_env(0)["CUDA_VISIBLE_DEVICES"]]}
+    assert gpu["generator-gpu"]["deploy"]["replicas"] == 1
+    # one NCCL host id: NCCL between these containers uses shared memory, not sockets
+    assert {gpu[name]["environment"]["NCCL_HOSTID"] for name in ids} == {"tandem-compose"}
+    assert all(gpu[name]["environment"]["TANDEM_TOKEN_FILE"] == "/run/secrets/tandem_token" for name in ids)
+    assert all(gpu[name]["ipc"] == "host" for name in ids)
 
 
 @pytest.mark.parametrize("planted, needle", [

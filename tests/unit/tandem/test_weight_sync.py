@@ -192,7 +192,7 @@ def test_a_plan_mismatch_fails_the_sender_and_stages_nothing_on_the_receiver():
 
 
 def test_gloo_binds_the_interface_that_reaches_the_store():
-    from tandem.weight_sync import _local_interface_for
+    from tandem.weight_group import _local_interface_for
 
     assert _local_interface_for("localhost") == "127.0.0.1"
     assert _local_interface_for("127.0.0.2") == "127.0.0.1"  # the route to any loopback address is lo

@@ -147,6 +147,7 @@ def test_slurm_gives_a_parallel_generator_one_gpu_per_vllm_worker():
     from coordinator.launch.slurm import plan
 
     cfg = load_config(overrides=["cluster.gpus_per_node=8", "cluster.trainer_ranks=8", "cluster.num_generators=4",
-                                 "policy.generation.vllm_cfg.tensor_parallel_size=2"])
+                                 "policy.generation.vllm_cfg.tensor_parallel_size=2",
+                                 "cluster.launch=external"])  # as `tandem slurm` loads it: generators on nodes of their own
     layout = plan(cfg)
     assert (layout.gpus_per_generator, layout.generator_nodes, layout.generators_per_node) == (2, 1, 4)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli.slurm import parse_args, prepare
-from coordinator.config import load_config
+from coordinator.config import ConfigError, load_config
 from coordinator.launch import slurm
 
 # these keys size Slurm's generator nodes; the config warns that local runs ignore them
@@ -43,7 +43,8 @@ def test_gpu_layout_gives_each_generator_a_gpu_and_as_many_nodes_as_they_fill():
     assert (layout.ranks_per_node, layout.generator_nodes, layout.generators_per_node, layout.gpus_per_generator,
             layout.nodes) == (8, 2, 5, 1, 4)
     cfg = load_config(None, ["cluster.num_nodes=1", "cluster.gpus_per_node=8", "cluster.trainer_ranks=8",
-                             "cluster.num_generators=4", "policy.generation.colocated.resources.num_nodes=4",
+                             "cluster.launch=external", "cluster.num_generators=4",
+                             "policy.generation.colocated.resources.num_nodes=4",
                              "policy.generation.colocated.resources.gpus_per_node=1"])
     assert (slurm.plan(cfg).generator_nodes, slurm.plan(cfg).generators_per_node) == (4, 1)
 
@@ -78,7 +79,7 @@ def test_run_script_places_each_service_and_keeps_the_token_off_command_lines(tm
 
 def test_gpu_run_script_asks_for_gpus_and_binds_one_to_each_generator(tmp_path):
     cfg = load_config(None, ["cluster.num_nodes=1", "cluster.gpus_per_node=8", "cluster.trainer_ranks=8",
-                             "cluster.num_generators=2"])
+                             "cluster.launch=external", "cluster.num_generators=2"])  # as `tandem slurm` loads it
     script = slurm.run_script(slurm.plan(cfg), _options(tmp_path, partition="gpu", time_limit="12:00:00",
                                                           sbatch_args=("--mem=0",)))
     _bash_ok(script)
@@ -127,3 +128,14 @@ def test_a_requeued_run_starts_its_services_only_once_the_last_coordinator_let_g
     done = subprocess.run(["bash", "-c", f"nodes=(127.0.0.1)\n{slurm.WAIT_PORT}\nwait_port {port} && echo free"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout == "free\n" and time.monotonic() - started >= 1.0, (done.stdout, done.stderr)
+
+
+def test_tandem_slurm_places_generators_on_nodes_of_their_own_not_on_the_trainers_gpus(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    layout = ["cluster.gpus_per_node=8", "cluster.num_generators=2",
+              "policy.generation.vllm_cfg.tensor_parallel_size=2"]
+    with pytest.raises(ConfigError, match="dedicated generators do not fit"):  # one node, local launch: 8 + 4 GPUs
+        load_config(None, layout)
+    script, _ = prepare(parse_args([*layout, "logger.log_dir=runs"]))
+    text = script.read_text()
+    assert "#SBATCH --gpus-per-node=8" in text and "--gpus-per-task=2" in text

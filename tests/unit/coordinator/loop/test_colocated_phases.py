@@ -150,6 +150,7 @@ def test_colocated_gpu_generators_sleep_from_rollouts_to_publish(monkeypatch):
         assert _of(events, g) == [("load_ipc", 1),
                                   ("generate",), ("sleep", 1), ("wake", "weights"), ("load_ipc", 2), ("wake", "kv_cache"),
                                   ("generate",), ("sleep", 1), ("wake", "weights"), ("load_ipc", 3), ("wake", "kv_cache")]
+        assert _of(events, g).count(("wake", "weights")) == 2  # once per publish, by the transport
     assert _of(events, "trainer") == [("export", 1), ("release", 1), ("train",), ("export", 2), ("release", 2),
                                       ("train",), ("export", 3), ("release", 3)]
     trains = [i for i, e in enumerate(events) if e == ("trainer", "train")]
@@ -162,7 +163,9 @@ def test_colocated_gpu_generators_sleep_from_rollouts_to_publish(monkeypatch):
         loads = [after(train, (g, "load_ipc", version)) for g in ("g0", "g1")]
         wakes_kv = [after(train, (g, "wake", "kv_cache")) for g in ("g0", "g1")]
         assert max(sleeps) < train < min(wakes_w)  # the trainer trains while every generator sleeps
-        assert max(wakes_w) < after(train, ("trainer", "export", version)) < min(loads)
+        # the trainer exports (emptying its CUDA cache) before vLLM takes its weights' memory back
+        assert max(sleeps) < train < after(train, ("trainer", "export", version)) < min(wakes_w)
+        assert max(wakes_w) < min(loads)
         assert max(loads) < after(train, ("trainer", "release", version)) < min(wakes_kv)  # held until all read
     assert all(not g.asleep for g in generators) and ctx.phases.asleep == []
 
@@ -199,3 +202,20 @@ def test_gpu_memory_share_of_the_generators_is_validated_and_resolved():
     colocated = load_config(overrides=["policy.generation.colocated.enabled=true", "cluster.num_generators=2"])
     settings = generator_settings(colocated, "m", 0, scratch)
     assert settings.colocated and settings.gpu_memory_utilization == 0.25
+
+
+def test_a_publish_failing_before_the_load_still_wakes_the_weights_then_the_kv_cache():
+    from coordinator.loop.weights.phases import GeneratorPhases
+    from tandem.colocation import resolve_colocation
+
+    events = []
+    phases = GeneratorPhases(resolve_colocation(True, "cuda"), structlog.get_logger())
+    phases.release([SimpleNamespace(member_id="g0", client=FakeGenerator("g0", events))])
+
+    def failing_export():
+        raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError, match="export failed"):
+        phases.publish(failing_export)
+    assert _of(events, "g0") == [("sleep", 1), ("wake", "weights"), ("wake", "kv_cache")]
+    assert phases.asleep == []

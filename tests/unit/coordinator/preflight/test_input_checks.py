@@ -201,3 +201,30 @@ def test_the_cause_line_is_found_inside_output_the_json_logging_wrapped():
                         for line in TORCHRUN_TAIL.splitlines())
     assert cause_line(wrapped) == cause_line(TORCHRUN_TAIL)
     assert cause_line(wrapped).startswith("OSError: It looks like the config file")
+
+
+def test_a_local_run_on_a_gpu_machine_must_declare_its_gpus():
+    from coordinator.preflight.machine import check_gpus_declared
+
+    with pytest.raises(ConfigError, match=r"cluster.gpus_per_node=8"):
+        check_gpus_declared(load_config(), 8)
+    check_gpus_declared(load_config(), 0)  # CPU machine
+    check_gpus_declared(load_config(overrides=["cluster.gpus_per_node=2", "cluster.trainer_ranks=1"]), 8)
+    check_gpus_declared(load_config(overrides=["cluster.launch=external"]), 8)  # placed by someone else
+
+
+def test_visible_gpus_are_counted_from_the_driver_without_torch(tmp_path, monkeypatch):
+    from coordinator.preflight.machine import _visible_gpus
+
+    driver = tmp_path / "gpus"
+    assert _visible_gpus(driver) == 0  # no NVIDIA driver
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (driver / bus).mkdir(parents=True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _visible_gpus(driver) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    assert _visible_gpus(driver) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _visible_gpus(driver) == 0  # hidden
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert _visible_gpus(driver) == 0
