@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proc_memory import ServiceLog, TreeSampler
 from raw_io import broadcast_seconds, disk_seconds, evict
 from real_size_model import SHAPES, directory_bytes
-from real_size_report import Results, SystemRep, render, rep_line, tandem_rep
+from real_size_report import Results, SystemRep, events, render, rep_line, tandem_rep
 from rl_bench import ROOT, machine_line, run_tandem, write_task
 from vs_trl import TANDEM_MODES
 from vs_trl_settings import SharedSettings, tandem_overrides, trl_kwargs
@@ -127,15 +127,20 @@ class Bench:
 
     def resume(self, rep_dir: Path, system: str) -> dict:
         """Resume the rep's run for one more step from its latest checkpoint, evicted from the
-        page cache first: timings_s.resume_s of the resumed run (load + the publish after it)."""
+        page cache first: timings_s.resume_s of the resumed run (the trainer's load and the
+        publish after it) and that publish's seconds (the first `weights_published` it logged)."""
         import json
 
+        log = rep_dir / "run" / "logs" / "coordinator.log"
+        before = len(events(log, "weights_published"))
         evict(rep_dir / "run" / "checkpoints")
         overrides = self.overrides(rep_dir, TANDEM_MODES[system] + self.args.tandem_override)
         overrides += [f"grpo.max_num_steps={self.settings.num_steps + 1}", "--resume"]
         run_tandem(overrides, rep_dir / "tandem-resume.log")
         summary = json.loads((rep_dir / "run" / "summary.json").read_text())
-        return {"resume_s": summary.get("timings_s", {}).get("resume_s")}
+        published = events(log, "weights_published")[before:]
+        return {"resume_s": summary.get("timings_s", {}).get("resume_s"),
+                "publish_s": float(published[0]["seconds"]) if published else None}
 
 
 def run_all(bench: Bench, results: Results) -> None:
@@ -182,9 +187,23 @@ def result_path(args, when: datetime.date) -> Path:
     return ROOT / "benchmarks" / "results" / f"{when.isoformat()}-real-size{suffix}.md"
 
 
+def _portable(argv: list[str]) -> list[str]:
+    """The arguments without the paths of this machine (--work-dir, --out: they change no figure)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--work-dir", "--out"):
+            skip = True
+        elif not arg.startswith(("--work-dir=", "--out=")):
+            kept.append(arg)
+    return kept
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    command = "PYTHONPATH=. " + shlex.join([".venv/bin/python", "benchmarks/real_size.py", *(argv or sys.argv[1:])])
+    command = "PYTHONPATH=. " + shlex.join([".venv/bin/python", "benchmarks/real_size.py",
+                                            *_portable(argv if argv is not None else sys.argv[1:])])
     print(machine_line(), flush=True)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="tandem-real-size-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,7 @@ SHAPES = {
                   num_kv_heads=2),
     "1.5b": Shape("Qwen2.5-1.5B", hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
                   num_kv_heads=2, max_position_embeddings=131_072),
-    "quick": Shape("Qwen2.5 family, quick", hidden_size=128, intermediate_size=512, num_layers=2, num_heads=2,
+    "quick": Shape("quick Qwen2", hidden_size=128, intermediate_size=512, num_layers=2, num_heads=2,
                    num_kv_heads=1),
 }
 """--size choices. Qwen2.5-0.5B and -1.5B as their config.json state them; "quick" keeps the family,

@@ -70,7 +70,8 @@ class Results:
     resume: dict | None = None
 
 
-def _events(path: Path, name: str) -> list[dict]:
+def events(path: Path, name: str) -> list[dict]:
+    """The events of that name in a JSON-lines log (none if it does not exist)."""
     if not path.is_file():
         return []
     return [e for e in parse_events(path.read_text(errors="replace").splitlines()) if e.get("event") == name]
@@ -87,9 +88,9 @@ def tandem_rep(system: str, run_dir: Path, launched: float, memory: Peaks, comma
     later = steps[1:] or steps
     phases = {k[len("time_"):-len("_s")]: median([r.get(k) for r in later]) for k in keys}
     logs = run_dir / "logs"
-    sent = _events(logs / "coordinator.log", "weights_published")
-    trainer = [e for e in _events(logs / "trainer.log", "weights_published") if "duration_ms" in e]
-    saves = len(_events(logs / "coordinator.log", "checkpoint_saved"))
+    sent = events(logs / "coordinator.log", "weights_published")
+    trainer = [e for e in events(logs / "trainer.log", "weights_published") if "duration_ms" in e]
+    saves = len(events(logs / "coordinator.log", "checkpoint_saved"))
     summary = json.loads((run_dir / "summary.json").read_text())
     total = summary.get("timings_s", {}).get("checkpoint_s")
     return SystemRep(system, [b - a for a, b in itertools.pairwise(ends)], phases, start - launched, memory,
@@ -108,6 +109,10 @@ def _span(values: list[float]) -> str:
     if not values:
         return "-"
     return f"{median(values):.2f} ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else f"{values[0]:.2f}"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def rep_line(rep: SystemRep) -> str:
@@ -157,7 +162,7 @@ def _publish_lines(results: Results) -> list[str]:
             continue
         for name, attr in (("the step's publish phase (time_publish_s)", "publish_phase_s"),
                            ("the coordinator's transport send (weights_published seconds)", "publish_send_s"),
-                           ("the trainer's gather + broadcast (its weights_published duration_ms)",
+                           ("the trainer's side: gather and broadcast (its weights_published duration_ms)",
                             "publish_trainer_s")):
             values = [v for r in runs for v in getattr(r, attr)]
             ratio = f"; {median(values) / raw:.2f}x the raw broadcast" if values and not math.isnan(raw) else ""
@@ -170,8 +175,8 @@ def _checkpoint_lines(results: Results) -> list[str]:
     for system, runs in results.reps.items():
         saves = [v for r in runs for v in r.checkpoint_s]
         if system != "trl":
-            lines.append(f"- {system}: a save {_span(saves)} s over {len(saves)} saves (timings_s.checkpoint_s "
-                         f"/ the checkpoint_saved events)")
+            lines.append(f"- {system}: a save {_span(saves)} s, {len(saves)} save(s) (timings_s.checkpoint_s "
+                         f"over the checkpoint_saved events)")
     if results.checkpoint_bytes is not None:
         lines.append(f"- a checkpoint's bytes (the latest step directory): {results.checkpoint_bytes} "
                      f"({results.checkpoint_bytes / 2**30:.2f} GiB)")
@@ -181,16 +186,18 @@ def _checkpoint_lines(results: Results) -> list[str]:
         lines.append(f"- the disk, the same bytes in one file beside the checkpoints: write + fsync {write:.2f} s "
                      f"({size / write:.2f} GiB/s), cold read {read:.2f} s ({size / read:.2f} GiB/s)")
     if results.resume is not None:
-        lines.append(f"- resume (a fresh `tandem run --resume`, the checkpoint evicted from the page cache): "
-                     f"timings_s.resume_s {results.resume.get('resume_s')} s (the trainer's load and the "
-                     f"publish of the restored weights)")
+        resume, publish = results.resume.get("resume_s"), results.resume.get("publish_s")
+        load = f"; the load without the publish: {resume - publish:.2f} s" if resume and publish is not None else ""
+        lines.append(f"- resume (a fresh `tandem run --resume`, the checkpoint evicted from the page cache first): "
+                     f"timings_s.resume_s {_number(resume)} s, the trainer's load and the publish of the restored "
+                     f"weights (that publish: {_number(publish)} s, its weights_published seconds){load}")
     return lines or ["- no checkpoint measured"]
 
 
 def render(results: Results) -> str:
     """The result file: the setup, then steps, memory, publish and checkpoint."""
     s, shape, model = results.settings, results.shape, results.model
-    lines = [f"# Tandem and TRL at {shape.name}'s shape ({model['parameters'] / 1e6:.1f}M parameters)", "",
+    lines = [f"# Tandem and TRL at the {shape.name} shape ({model['parameters'] / 1e6:.1f}M parameters)", "",
              f"Written by benchmarks/real_size.py. Command: `{results.command}`", "", results.machine, "",
              (f"- model: random-init Qwen2ForCausalLM, hidden {shape.hidden_size}, {shape.num_layers} layers, "
              f"{shape.num_heads}/{shape.num_kv_heads} heads, intermediate {shape.intermediate_size}, vocabulary "

@@ -13,7 +13,7 @@ BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from proc_memory import REST, Peaks, ServiceLog, TreeSampler, by_kind, group_pss_kib, pss_kib, read_ppids, tree_pss_kib
-from real_size import result_path, settings_for
+from real_size import _portable, result_path, settings_for
 from real_size_model import SHAPES, Shape, build_checkpoint, build_config
 from real_size_report import Results, SystemRep, render, tandem_rep
 from vs_trl_settings import trl_kwargs
@@ -119,8 +119,9 @@ def test_the_checkpoint_builder_writes_a_tied_bf16_qwen2_at_a_tiny_size(tmp_path
     saved = AutoConfig.from_pretrained(tmp_path)
     assert saved.architectures == ["Qwen2ForCausalLM"] and saved.tie_word_embeddings
     with safe_open(tmp_path / "model.safetensors", "pt") as f:
-        assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.bfloat16"}
-        assert "lm_head.weight" not in f.keys()  # tied
+        names = set(f.keys())
+        assert {str(f.get_tensor(k).dtype) for k in names} == {"torch.bfloat16"}
+        assert "lm_head.weight" not in names  # tied
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     ids = tokenizer("12+34=").input_ids
     assert ids[0] == saved.bos_token_id and max(ids) < shape.vocab_size
@@ -152,17 +153,19 @@ def test_the_result_file_holds_every_figure(tmp_path):
                       settings=settings_for(4), save_every=2,
                       reps={"trl": [_rep("trl", 11 << 20)], "tandem": [_rep("tandem", 20 << 20)]},
                       publish_bytes=988 << 20, broadcast_s=[0.5, 0.4, 0.6], checkpoint_bytes=6 << 30,
-                      disk_s=(6.0, 3.0), resume={"resume_s": 12.5})
+                      disk_s=(6.0, 3.0), resume={"resume_s": 12.5, "publish_s": 2.0})
     text = render(results)
-    assert "Qwen2.5-0.5B's shape (494.0M parameters)" in text
+    assert "# Tandem and TRL at the Qwen2.5-0.5B shape (494.0M parameters)" in text
     assert "| tandem | 1 | 50.00, 44.00, 46.00 | 45.00 | 9.0 | generate 12.00, train 30.00 |" in text
     assert "tandem / TRL median s/step: 1.00x" in text
     assert "| tandem | 1 | 20.00 | 5.00 | 5.00 | 10.00 | - |" in text and "| trl | 1 | 11.00 | - | - | - | 11.00 |" in text
     assert "raw gloo broadcast" in text and "0.50 (0.40-0.60) s" in text
     assert "time_publish_s): 6.50 (6.00-7.00) s over 2; 13.00x the raw broadcast" in text
-    assert "a save 15.00 (15.00-15.00) s over 2 saves" in text and "(6.00 GiB)" in text
-    assert "write + fsync 6.00 s (1.00 GiB/s), cold read 3.00 s (2.00 GiB/s)" in text and "12.5 s" in text
+    assert "a save 15.00 (15.00-15.00) s, 2 save(s)" in text and "(6.00 GiB)" in text
+    assert "write + fsync 6.00 s (1.00 GiB/s), cold read 3.00 s (2.00 GiB/s)" in text
+    assert "timings_s.resume_s 12.50 s" in text and "(that publish: 2.00 s" in text and "publish: 10.50 s" in text
     assert "/tmp" not in text
+    assert _portable(["--quick", "--work-dir", "/tmp/w", "--out=/tmp/r.md", "--reps", "2"]) == ["--quick", "--reps", "2"]
     args = argparse.Namespace(out=None, shape="0.5b")
     assert result_path(args, datetime.date(2026, 11, 28)) == BENCHMARKS / "results" / "2026-11-28-real-size.md"
     assert result_path(argparse.Namespace(out=None, shape="quick"), datetime.date(2026, 11, 28)).name == \
