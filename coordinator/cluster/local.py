@@ -144,7 +144,7 @@ class LocalCluster:
         old = [m for m in self.registry.live() if m.kind == "trainer" or m.shares_trainer_weights]
         self.launcher.restart("trainer")
         for member in old:
-            self.registry.remove(member.member_id, reason="trainer relaunched")
+            self.registry.remove(member.member_id, reason="trainer relaunched", may_return=False)
             self.services.forget(member.member_id)
         self.registry.wait_for(lambda members: any(m.kind == "trainer" for m in members),
                                self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
