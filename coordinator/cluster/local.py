@@ -32,6 +32,7 @@ from coordinator.cluster.services import Services
 from coordinator.cluster.specs import all_registered, launch_all, scratch_root
 from coordinator.cluster.status import RunStatus
 from coordinator.cluster.supervisor import Supervisor
+from coordinator.cluster.vitals import process_vitals
 from coordinator.config import ExperimentConfig
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
@@ -73,7 +74,8 @@ class LocalCluster:
         self.run_dir = run_dir
         self.log = log
         self.status = status or RunStatus(run_dir.name)
-        self.registry = Registry(log)
+        # Local launches are this host's processes: a silent one that is busy is not lost (registry.py).
+        self.registry = Registry(log, vitals=process_vitals if cfg.cluster.launch == "local" else None)
         self.adopt = adopt
         self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host,
                                         port=(_previous_port(run_dir) if adopt else 0) or cfg.cluster.port,

@@ -17,6 +17,12 @@ service that misses heartbeats briefly (a stalled host, a paused process resumed
 identity, while the detection bound stays `timeout_s`: a killed service never heartbeats again,
 and one restarted registers anew. An id ends when its member says goodbye (`deregister`) or a
 new registration of the same kind at the same address replaces it.
+
+Busy is not dead. Given `vitals` (a local run: the services are this host's processes), a
+member silent past `timeout_s` is kept while its process is provably working: it exists, is not
+stopped, and used CPU within the last BUSY_WINDOW_S (a long step can starve its heartbeats of
+the GIL and the cores). It is dropped once its process is gone or stopped (at timeout_s), idle
+(a hang: by timeout_s + BUSY_WINDOW_S), or silent for `busy_grace_s` more (a livelock).
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from coordinator.cluster.versions import WeightVersions
+from coordinator.cluster.vitals import Vitals
 
 
 @dataclass(frozen=True)
@@ -74,15 +82,23 @@ def check_announcement(kind: str, address: str, capacity: int, tasks: tuple[str,
                          "characters)")
 
 
+BUSY_WINDOW_S = 0.5
+"""A silent member whose process used no CPU for this long (after timeout_s) is not busy."""
+
 MAX_SUSPECTED = 1024
 """Dropped members remembered for their return (a bound on memory, far above any run's size)."""
 
 
 class Registry:
-    def __init__(self, log, heartbeat_interval_s: float = 1.0, timeout_s: float = 5.0):
+    def __init__(self, log, heartbeat_interval_s: float = 1.0, timeout_s: float = 5.0, *,
+                 vitals: Callable[[int], Vitals | None] | None = None, busy_grace_s: float = 300.0):
+        """vitals(pid): a member's process, read where the coordinator runs (None: silence alone
+        decides). busy_grace_s: how long past timeout_s a silent but busy member is kept."""
         self._log = log
         self.heartbeat_interval_s = heartbeat_interval_s
         self.timeout_s = timeout_s
+        self._vitals, self._busy_grace_s = vitals, busy_grace_s
+        self._busy: dict[str, tuple[float, float]] = {}  # silent member -> (its CPU seconds, when they last grew)
         self._members: dict[str, Member] = {}
         self._drained: set[str] = set()  # left after draining: their calls finished on their side
         self._suspected: dict[str, tuple[Member, float]] = {}  # dropped unheard: member, when dropped
@@ -124,6 +140,7 @@ class Registry:
                 back = now - dropped_at
             self._members[member_id] = replace(member, num_inflight=num_inflight, weight_version=weight_version,
                                                last_seen=now)
+            self._busy.pop(member_id, None)
             if back is not None:
                 self._changed.notify_all()
         if back is not None:
@@ -176,17 +193,39 @@ class Registry:
     def members(self, kind: str | None = None) -> list[Member]:
         """Every member still heard from, leaving ones included (what status shows)."""
         now = time.monotonic()
-        expired = []
+        expired, busy = [], []
         with self._lock:
             for member in list(self._members.values()):
-                if now - member.last_seen > self.timeout_s:
-                    expired.append(self._members.pop(member.member_id))
-                    self._suspect(expired[-1], now)
+                if now - member.last_seen <= self.timeout_s:
+                    continue
+                if self._working(member, now):
+                    busy.append(member)
+                    continue
+                expired.append(self._members.pop(member.member_id))
+                self._busy.pop(member.member_id, None)
+                self._suspect(expired[-1], now)
             alive = [m for m in self._members.values() if kind is None or m.kind == kind]
+        for member in busy:
+            self._log.debug("member_busy", member_id=member.member_id, kind=member.kind,
+                            silent_s=round(now - member.last_seen, 1))
         for member in expired:
             self._log.warning("member_lost", member_id=member.member_id, kind=member.kind, address=member.address,
-                              reason=f"no heartbeat for {self.timeout_s:.0f}s", leaving=member.leaving)
+                              reason=f"no heartbeat for {now - member.last_seen:.0f}s", leaving=member.leaving)
         return sorted(alive, key=lambda m: m.member_id)
+
+    def _working(self, member: Member, now: float) -> bool:
+        """(Under the lock) whether a member silent past timeout_s is busy rather than gone: its
+        process is here, not stopped, and its CPU time grew within BUSY_WINDOW_S."""
+        if self._vitals is None or member.pid <= 0 or now - member.last_seen > self.timeout_s + self._busy_grace_s:
+            return False
+        vitals = self._vitals(member.pid)
+        if vitals is None or not vitals.can_work:
+            return False
+        cpu_s, grew_at = self._busy.get(member.member_id, (vitals.cpu_s, now))  # first look: judged at the next
+        if vitals.cpu_s > cpu_s:
+            grew_at = now
+        self._busy[member.member_id] = (vitals.cpu_s, grew_at)
+        return now - grew_at < BUSY_WINDOW_S
 
     def present(self, member_id: str) -> bool:
         """Whether the member's calls in flight may still finish: it is there (live or draining),

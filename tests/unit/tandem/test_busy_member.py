@@ -5,6 +5,9 @@ the trainer's rank 0 (trainer_svc/__main__.py): an asyncio event loop that serve
 membership agent, and one engine thread that does the work."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +19,7 @@ import torch
 from coordinator.cluster.registry import Registry
 from coordinator.cluster.server import CoordinatorServer
 from coordinator.cluster.status import RunStatus
+from coordinator.cluster.vitals import process_vitals
 from tandem.membership import Announcement, Load, MembershipAgent
 
 TOKEN = "busy-member-token"
@@ -90,4 +94,74 @@ def test_a_member_busy_for_longer_than_the_heartbeat_timeout_is_not_lost(step, w
         asyncio.run_coroutine_threadsafe(agent.stop(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         engine.shutdown()
+        coordinator.stop()
+
+
+MEMBER = r"""
+import asyncio, os, sys, time
+from tandem.membership import Announcement, Load, MembershipAgent
+
+def hold_the_gil(seconds):
+    # one C call that never lets go of the GIL: no thread of this process runs meanwhile
+    t = time.perf_counter(); sum(range(10 ** 6)); per_item = (time.perf_counter() - t) / 10 ** 6
+    sum(range(int(seconds / per_item)))
+
+class Quiet:  # stdout is the test's channel
+    def __getattr__(self, name):
+        return lambda *args, **fields: None
+
+async def main():
+    agent = MembershipAgent(sys.argv[1], os.environ["TANDEM_TOKEN"], Announcement("trainer", "127.0.0.1:1"),
+                            Load, Quiet())
+    agent.start()
+    await asyncio.to_thread(sys.stdin.readline)  # the test says when to step
+    print("step", flush=True)
+    hold_the_gil(float(sys.argv[2]))
+    print("done", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    await agent.stop()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("vitals", [True, False], ids=["vitals", "silence-only"])
+def test_a_member_whose_step_holds_the_gil_throughout_is_kept_while_its_process_works(vitals):
+    """No heartbeat can leave a process whose GIL is held for the whole step: the coordinator
+    keeps it because its process is there and burning CPU (a local run's services); judged by
+    silence alone (members from other hosts) it is dropped, and comes back under its id."""
+    events = Events()
+    registry = Registry(events, heartbeat_interval_s=0.1, timeout_s=TIMEOUT_S,
+                        vitals=process_vitals if vitals else None)
+    coordinator = CoordinatorServer(registry, RunStatus("t"), host="127.0.0.1", port=0, token=TOKEN,
+                                    log=structlog.get_logger())
+    address = coordinator.start()
+    member = subprocess.Popen([sys.executable, "-c", MEMBER, address, str(STEP_S + 0.5)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "TANDEM_TOKEN": TOKEN})
+    try:
+        deadline = time.monotonic() + 60
+        while not registry.live("trainer"):
+            assert time.monotonic() < deadline and member.poll() is None, "the member did not register"
+            time.sleep(0.02)
+        [joined] = registry.live("trainer")
+        member.stdin.write("go\n")
+        member.stdin.flush()
+        assert member.stdout.readline() == "step\n"
+        seen = []
+        done = threading.Thread(target=member.stdout.readline)
+        done.start()
+        while done.is_alive():
+            seen.append(tuple(m.member_id for m in registry.live("trainer")))
+            time.sleep(0.05)
+        time.sleep(3 * TIMEOUT_S)  # heartbeats again
+        after = [m.member_id for m in registry.live("trainer")]
+        if vitals:
+            assert set(seen) == {(joined.member_id,)} and "member_lost" not in events.names, seen
+        else:
+            assert () in seen and "member_lost" in events.names and "member_back" in events.names
+        assert after == [joined.member_id] and events.names.count("member_joined") == 1
+    finally:
+        member.stdin.write("stop\n")
+        member.stdin.close()
+        member.wait(timeout=30)
         coordinator.stop()
