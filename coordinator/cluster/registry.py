@@ -172,6 +172,7 @@ class Registry:
         still be alive, so a heartbeat from it brings it back under its id (False: it was killed)."""
         with self._lock:
             member = self._members.pop(member_id, None)
+            self._busy.pop(member_id, None)
             if member is not None and may_return:
                 self._suspect(member, time.monotonic())
             self._changed.notify_all()
