@@ -132,7 +132,7 @@ class MembershipAgent:
     def _heartbeat(self, stub: pb_grpc.CoordinatorServiceStub) -> None:
         try:
             self._last_load = self._load()
-        except Exception as exc:  # a heartbeat goes out even when the load cannot be read
+        except Exception as exc:  # noqa: BLE001 - a heartbeat goes out even when the load cannot be read
             self._log.warning("load_unreadable", error=f"{type(exc).__name__}: {exc}")
         load = self._last_load
         reply = stub.Heartbeat(pb.HeartbeatRequest(
