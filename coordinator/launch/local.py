@@ -33,6 +33,7 @@ from coordinator.membership.registry import Registry
 from coordinator.membership.server import CoordinatorServer
 from coordinator.membership.services import Services
 from coordinator.membership.status import RunStatus
+from coordinator.membership.vitals import process_vitals
 from tandem.kinds import ServiceKind
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
@@ -74,7 +75,8 @@ class LocalCluster:
         self.run_dir = run_dir
         self.log = log
         self.status = status or RunStatus(run_dir.name)
-        self.registry = Registry(log)
+        # Local launches are this host's processes: a silent one that is busy is not lost (registry.py).
+        self.registry = Registry(log, vitals=process_vitals if cfg.cluster.launch.starts_services else None)
         self.adopt = adopt
         self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host,
                                         port=(_previous_port(run_dir) if adopt else 0) or cfg.cluster.port,
@@ -148,7 +150,7 @@ class LocalCluster:
         old = [m for m in self.registry.live() if m.kind is ServiceKind.TRAINER or m.shares_trainer_weights]
         self.launcher.restart("trainer")
         for member in old:
-            self.registry.remove(member.member_id, reason="trainer relaunched")
+            self.registry.remove(member.member_id, reason="trainer relaunched", may_return=False)
             self.services.forget(member.member_id)
         self.registry.wait_for(lambda members: any(m.kind is ServiceKind.TRAINER for m in members),
                                self.cfg.cluster.startup_timeout_s, check=self.launcher.check)

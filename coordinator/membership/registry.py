@@ -9,6 +9,20 @@ side, and their streams end by themselves (their last messages may still be on t
 its goodbye arrives, which must not turn a clean drain into a failure and a re-send).
 Thread-safe: the gRPC server thread writes, the run loop reads. Joins, leaves and losses
 are logged as structured events.
+
+A member dropped while its process may still be alive (silent for `timeout_s`, or removed by
+the run loop) is suspected, not forgotten: a heartbeat it sends later under its member id
+brings it back under that id (`member_back`), with its weight version as it reports it. So a
+service that misses heartbeats briefly (a stalled host, a paused process resumed) keeps its
+identity, while the detection bound stays `timeout_s`: a killed service never heartbeats again,
+and one restarted registers anew. An id ends when its member says goodbye (`deregister`) or a
+new registration of the same kind at the same address replaces it.
+
+Busy is not dead. Given `vitals` (a local run: the services are this host's processes), a
+member silent past `timeout_s` is kept while its process is provably working: it exists, is not
+stopped, and used CPU within the last BUSY_WINDOW_S (a long step can starve its heartbeats of
+the GIL and the cores). It is dropped once its process is gone or stopped (at timeout_s), idle
+(a hang: by timeout_s + BUSY_WINDOW_S), or silent for `busy_grace_s` more (a livelock).
 """
 
 from __future__ import annotations
@@ -16,9 +30,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from coordinator.membership.versions import WeightVersions
+from coordinator.membership.vitals import Vitals
 from tandem.kinds import ServiceKind
 
 
@@ -67,13 +83,26 @@ def check_announcement(kind: ServiceKind, address: str, capacity: int, tasks: tu
                          "characters)")
 
 
+BUSY_WINDOW_S = 0.5
+"""A silent member whose process used no CPU for this long (after timeout_s) is not busy."""
+
+MAX_SUSPECTED = 1024
+"""Dropped members remembered for their return (a bound on memory, far above any run's size)."""
+
+
 class Registry:
-    def __init__(self, log, heartbeat_interval_s: float = 1.0, timeout_s: float = 5.0):
+    def __init__(self, log, heartbeat_interval_s: float = 1.0, timeout_s: float = 5.0, *,
+                 vitals: Callable[[int], Vitals | None] | None = None, busy_grace_s: float = 300.0):
+        """vitals(pid): a member's process, read where the coordinator runs (None: silence alone
+        decides). busy_grace_s: how long past timeout_s a silent but busy member is kept."""
         self._log = log
         self.heartbeat_interval_s = heartbeat_interval_s
         self.timeout_s = timeout_s
+        self._vitals, self._busy_grace_s = vitals, busy_grace_s
+        self._busy: dict[str, tuple[float, float]] = {}  # silent member -> (its CPU seconds, when they last grew)
         self._members: dict[str, Member] = {}
         self._drained: set[str] = set()  # left after draining: their calls finished on their side
+        self._suspected: dict[str, tuple[Member, float]] = {}  # dropped unheard: member, when dropped
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.run_over = False
@@ -89,6 +118,8 @@ class Registry:
             # (a trainer serving generation), so only a member of the same kind is replaced.
             for old in [m for m in self._members.values() if m.address == address and m.kind == kind]:
                 del self._members[old.member_id]
+            for old_id in [i for i, (m, _) in self._suspected.items() if m.address == address and m.kind == kind]:
+                del self._suspected[old_id]
             member = Member(f"{kind}-{uuid.uuid4().hex[:8]}", kind, address, model_fingerprint, capacity,
                             tuple(tasks), pid, shares_trainer_weights)
             self._members[member.member_id] = member
@@ -98,19 +129,35 @@ class Registry:
         return member.member_id
 
     def heartbeat(self, member_id: str, num_inflight: int, weight_version: int) -> bool:
+        """Whether the member is known (False: it must register again). A suspected member's
+        heartbeat brings it back under its id."""
+        now = time.monotonic()
         with self._lock:
             member = self._members.get(member_id)
+            back = None
             if member is None:
-                return False
+                member, dropped_at = self._suspected.pop(member_id, (None, now))
+                if member is None:
+                    return False
+                back = now - dropped_at
             self._members[member_id] = replace(member, num_inflight=num_inflight, weight_version=weight_version,
-                                               last_seen=time.monotonic())
-            return True
+                                               last_seen=now)
+            self._busy.pop(member_id, None)
+            if back is not None:
+                self._changed.notify_all()
+        if back is not None:
+            self._log.info("member_back", member_id=member_id, kind=member.kind, address=member.address,
+                           gone_s=round(back, 3))
+        return True
 
     def deregister(self, member_id: str, *, draining: bool = False) -> None:
         """The member leaves: at once, or (draining) once its work in flight is done: until
         then it keeps heartbeating, gets no new work, and counts as `present`."""
         with self._lock:
             member = self._members.get(member_id)
+            if member is None and member_id in self._suspected:  # said goodbye after it was dropped unheard
+                member = self._suspected.pop(member_id)[0]
+                draining = False  # it is not here to drain
             if member is not None and draining:
                 self._members[member_id] = replace(member, leaving=True, last_seen=time.monotonic())
             else:
@@ -122,14 +169,25 @@ class Registry:
             self._log.info("member_leaving" if draining else "member_left", member_id=member_id, kind=member.kind,
                            address=member.address, num_inflight=member.num_inflight)
 
-    def remove(self, member_id: str, reason: str) -> None:
-        """Drop a member the run loop found dead (e.g. its RPCs fail)."""
+    def remove(self, member_id: str, reason: str, *, may_return: bool = True) -> None:
+        """Drop a member the run loop found dead (e.g. its RPCs fail). may_return: its process may
+        still be alive, so a heartbeat from it brings it back under its id (False: it was killed)."""
         with self._lock:
             member = self._members.pop(member_id, None)
+            self._busy.pop(member_id, None)
+            if member is not None and may_return:
+                self._suspect(member, time.monotonic())
             self._changed.notify_all()
         if member is not None:
             self._log.warning("member_lost", member_id=member_id, kind=member.kind, address=member.address,
                               reason=reason)
+
+    def _suspect(self, member: Member, now: float) -> None:
+        """Remember a dropped member (under the lock) so that its next heartbeat brings it back;
+        the oldest are forgotten past MAX_SUSPECTED (a service that flaps forever stays bounded)."""
+        self._suspected[member.member_id] = (member, now)
+        while len(self._suspected) > MAX_SUSPECTED:
+            del self._suspected[next(iter(self._suspected))]
 
     def live(self, kind: ServiceKind | None = None) -> list[Member]:
         """Members that may get new work (not leaving), sorted by member id."""
@@ -138,16 +196,39 @@ class Registry:
     def members(self, kind: ServiceKind | None = None) -> list[Member]:
         """Every member still heard from, leaving ones included (what status shows)."""
         now = time.monotonic()
-        expired = []
+        expired, busy = [], []
         with self._lock:
             for member in list(self._members.values()):
-                if now - member.last_seen > self.timeout_s:
-                    expired.append(self._members.pop(member.member_id))
+                if now - member.last_seen <= self.timeout_s:
+                    continue
+                if self._working(member, now):
+                    busy.append(member)
+                    continue
+                expired.append(self._members.pop(member.member_id))
+                self._busy.pop(member.member_id, None)
+                self._suspect(expired[-1], now)
             alive = [m for m in self._members.values() if kind is None or m.kind == kind]
+        for member in busy:
+            self._log.debug("member_busy", member_id=member.member_id, kind=member.kind,
+                            silent_s=round(now - member.last_seen, 1))
         for member in expired:
             self._log.warning("member_lost", member_id=member.member_id, kind=member.kind, address=member.address,
-                              reason=f"no heartbeat for {self.timeout_s:.0f}s", leaving=member.leaving)
+                              reason=f"no heartbeat for {now - member.last_seen:.0f}s", leaving=member.leaving)
         return sorted(alive, key=lambda m: m.member_id)
+
+    def _working(self, member: Member, now: float) -> bool:
+        """(Under the lock) whether a member silent past timeout_s is busy rather than gone: its
+        process is here, not stopped, and its CPU time grew within BUSY_WINDOW_S."""
+        if self._vitals is None or member.pid <= 0 or now - member.last_seen > self.timeout_s + self._busy_grace_s:
+            return False
+        vitals = self._vitals(member.pid)
+        if vitals is None or not vitals.can_work:
+            return False
+        cpu_s, grew_at = self._busy.get(member.member_id, (vitals.cpu_s, now))  # first look: judged at the next
+        if vitals.cpu_s > cpu_s:
+            grew_at = now
+        self._busy[member.member_id] = (vitals.cpu_s, grew_at)
+        return now - grew_at < BUSY_WINDOW_S
 
     def present(self, member_id: str) -> bool:
         """Whether the member's calls in flight may still finish: it is there (live or draining),

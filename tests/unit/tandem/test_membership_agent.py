@@ -85,7 +85,7 @@ def test_an_agent_whose_coordinator_never_answers_gives_up_once_and_says_so():
         agent = MembershipAgent(address, TOKEN, Announcement("generator", "127.0.0.1:1"), Load, events,
                                 give_up_after_s=0.5, on_gone=lambda: gone.append(time.monotonic()))
         agent.start()
-        await asyncio.wait_for(agent._task, 30)  # the agent stopped trying by itself (else: a timeout)
+        assert await asyncio.to_thread(agent.join, 30)  # the agent stopped trying by itself
         await agent.stop()
 
     asyncio.run(main())
