@@ -255,6 +255,7 @@ class DTensorBackend:
             del logits, curr, out
         grad_norm = clip_grad_norm(self._params, self._max_grad_norm)
         self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)  # applied: free them (a model's size) until the next backward
         self.global_step += 1
         names = sorted(sums)
         totals = torch.stack([sums[n] for n in names]).to(self.device)
