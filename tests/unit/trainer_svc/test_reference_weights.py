@@ -49,7 +49,7 @@ def test_weights_off_the_bfloat16_grid_keep_a_full_copy():
     params = _params(bf16_exact=False)
     params[1] = torch.nn.Parameter(params[1].detach().bfloat16().float())  # this one fits
     reference = ReferenceWeights(params)
-    assert [c.dtype for c in reference._copies] == [torch.float32, torch.int16, torch.float32]
+    assert [c.dtype for c in reference._copies] == [torch.float32, torch.bfloat16, torch.float32]
     initial = [p.detach().clone() for p in params]
     _train(params)
     with reference.holding("reference"):
@@ -98,7 +98,7 @@ def test_a_backend_trains_the_same_with_the_half_size_reference(world_of_one, bf
     for compact in (True, False):
         backend = DTensorBackend(TrainerSettings(model_name=str(bf16_checkpoint)), world_of_one)
         backend._reference = ReferenceWeights(backend._params, _local, compact=compact)
-        assert {c.dtype for c in backend._reference._copies} == {torch.int16 if compact else torch.float32}
+        assert {c.dtype for c in backend._reference._copies} == {torch.bfloat16 if compact else torch.float32}
         metrics = [backend.train_step(samples, loss, 8, 4, None).metrics for _ in range(2)]
         runs.append((metrics, backend.compute_logprobs(samples, "reference", 4),
                      [p.detach().full_tensor().clone() for p in backend._params]))
