@@ -97,11 +97,13 @@ class DTensorBackend:
         self.checkpoint_dtype = policy.checkpoint_dtype
         opt = settings.optimizer
         self._params = [p for p in self._model.parameters() if p.requires_grad]
-        # foreach: torch picks it by itself for CUDA tensors only. On CPU it ran one DTensor op per
-        # parameter and update term: 7.1 ms of the embedded model's 39 ms SFT step; foreach gives
-        # bitwise the same weights in 3.3 ms (benchmarks/optimizer_step.py)
+        # fused: one kernel per parameter, no temporaries. torch picks foreach for CUDA tensors and a
+        # per-parameter loop on CPU. On the embedded model's 39 ms SFT step the loop cost 7.1 ms
+        # (one DTensor op per parameter and update term) and foreach 3.3 ms; at Qwen2.5-0.5B's shape
+        # foreach allocates model-sized temporaries and took 4-9x fused's time (benchmarks/optimizer_step.py,
+        # benchmarks/train_step_real_size.py). Same update within fp32 rounding.
         self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                                            weight_decay=opt.weight_decay, foreach=True)
+                                            weight_decay=opt.weight_decay, fused=True)
         self._max_grad_norm = settings.max_grad_norm or math.inf
         self._reference = ReferenceWeights(self._params, _local)
         self.held_bytes = HeldBytes()
