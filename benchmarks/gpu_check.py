@@ -30,14 +30,14 @@ from typing import Self
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b")
+SHAPES = ("0.5b", "1.5b")  # benchmarks/real_size_model.py sizes
 GRPO_COMMON = ["grpo.max_num_steps=3", "grpo.val_at_start=false", "grpo.max_val_samples=32",
                "policy.generation.max_new_tokens=128", "logger.tensorboard_enabled=false"]
 MODES = {"colocated": ["policy.generation.colocated.enabled=true"],
          # one GPU, the generator beside the trainer on the same device with its own memory share
          "dedicated": ["policy.generation.colocated.enabled=false",
                        "policy.generation.vllm_cfg.gpu_memory_utilization=0.35"]}
-SCRIPTS = ("scripts/setup.sh", "benchmarks/random_checkpoint.py", "benchmarks/gpu_refit.py",
+SCRIPTS = ("scripts/setup.sh", "benchmarks/real_size_model.py", "benchmarks/gpu_refit.py",
            "benchmarks/weight_sync.py", "tests/megatron/worker.py")
 
 
@@ -119,7 +119,7 @@ def _pytest_counts(stdout: str, _work: Path) -> dict:
 def plan(work: Path, *, dry_run: bool) -> list[Step]:
     models = {s: work / s for s in SHAPES}
     device = "cpu" if dry_run else "cuda"
-    steps = [Step(f"checkpoint {s}", [PY, "benchmarks/random_checkpoint.py", s, str(models[s]), "--device", device],
+    steps = [Step(f"checkpoint {s}", [PY, "benchmarks/real_size_model.py", str(models[s]), "--size", s, "--device", device],
                   120, parse=_json_line) for s in SHAPES]
     steps.append(Step("weight-sync smoke", [PY, "benchmarks/weight_sync.py", "--megabytes", "64", "--receivers", "1",
                                             "--repeats", "2"], 90, parse=_weight_sync))
@@ -182,11 +182,12 @@ def dry_run(work: Path) -> int:
     for script in SCRIPTS:
         check(f"exists {script}", (ROOT / script).is_file())
     sys.path.insert(0, str(ROOT))
-    from benchmarks.random_checkpoint import build
+    from benchmarks.real_size_model import SHAPES as SIZES
+    from benchmarks.real_size_model import build_checkpoint
     from coordinator.config import load_config
     from trainer_svc.config import TrainerSettings
 
-    tiny = build("tiny", work / "tiny")
+    tiny = build_checkpoint(work / "tiny", SIZES["quick"])
     check("checkpoint builder (tiny, cpu)", (work / "tiny" / "model.safetensors").is_file(), json.dumps(tiny))
     for mode, overrides in MODES.items():
         try:

@@ -2,7 +2,7 @@
 # One command for a bare one-GPU machine (NVIDIA driver, the repository checked out, only the package
 # index reachable): install the GPU stack (scripts/setup.sh), then, within --budget-s (default 540 s,
 # 9 minutes, the install not counted), run and measure:
-#   1. random-init Qwen2.5-0.5B- and 1.5B-shaped bf16 checkpoints, built locally (benchmarks/random_checkpoint.py)
+#   1. random-init Qwen2.5-0.5B- and 1.5B-shaped bf16 checkpoints, built locally (benchmarks/real_size_model.py)
 #   2. a weight-sync smoke test (benchmarks/weight_sync.py, 64 MB to one receiver)
 #   3. colocated CUDA IPC refit of both shapes: sleep s, wake s, refit s and GB/s, memory freed (benchmarks/gpu_refit.py)
 #   4. 3 GRPO steps of the 0.5B shape, colocated and dedicated on the one GPU (`tandem run`): step phases

@@ -1,14 +1,15 @@
-"""The DTensor backend's train step with AdamW's foreach implementation (what the backend builds)
-against the per-parameter loop (what torch picks by itself on CPU), on the embedded tiny Llama,
-in a world of one rank (no torchrun), interleaved A/B.
+"""The DTensor backend's train step with AdamW's fused implementation (what the backend builds)
+against foreach and the per-parameter loop (what torch picks by itself on CPU), on the embedded
+tiny Llama, in a world of one rank (no torchrun), interleaved.
 
     PYTHONPATH=. .venv/bin/python benchmarks/optimizer_step.py --reps 5 --steps 20
 
-Two backends load the same checkpoint and train on the same batch (16 samples of 12-17 tokens,
-the embedded SFT's sizes), one with the backend's optimizer, one with that optimizer switched to
-`foreach=False`; each rep times `--steps` train steps of each, in turn. Prints the median
-ms per train step and per optimizer step alone, and checks that both end with bitwise the same
-weights (foreach computes the same update, only in fewer calls).
+Three backends load the same checkpoint and train on the same batch (16 samples of 12-17 tokens,
+the embedded SFT's sizes), one with the backend's optimizer, the others with that optimizer
+switched to `foreach=True` / `foreach=False`; each rep times `--steps` train steps of each, in
+turn. Prints the median ms per train step and per optimizer step alone, and checks that foreach
+and the loop end with bitwise the same weights (the same update, only in fewer calls) and fused
+within fp32 rounding of them.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def main() -> None:
     model_dir = str(ensure_tiny_model(Path(tempfile.gettempdir()) / "tandem-optimizer-step"))
     env = init_distributed(600)
     settings = TrainerSettings(model_name=model_dir)
-    backends = {"foreach": DTensorBackend(settings, env), "loop": DTensorBackend(settings, env)}
-    for group in backends["loop"]._optimizer.param_groups:  # read at each step: the same AdamW, per parameter
-        group["foreach"] = False
-    samples = make_samples({"num_samples": 16, "min_length": 12, "max_length": 17}, backends["foreach"].vocab_size)
+    backends = {name: DTensorBackend(settings, env) for name in ("fused", "foreach", "loop")}
+    for name in ("foreach", "loop"):  # read at each step: the same AdamW, another implementation
+        for group in backends[name]._optimizer.param_groups:
+            group["fused"], group["foreach"] = False, name == "foreach"
+    samples = make_samples({"num_samples": 16, "min_length": 12, "max_length": 17}, backends["fused"].vocab_size)
     loss = NllLossConfig()
     step_ms: dict[str, list[float]] = {name: [] for name in backends}
     optimizer_ms: dict[str, list[float]] = {name: [] for name in backends}
@@ -61,14 +63,20 @@ def main() -> None:
         for name, backend in backends.items():
             step_ms[name].append(timed(lambda: backend.train_step(samples, loss, len(samples), len(samples), None),
                                        args.steps))
-            optimizer_ms[name].append(timed(backend._optimizer.step, args.steps))  # the gradients of the last step
+            for param in backend._params:  # the train step frees its gradients once applied: the same zeros for both
+                param.grad = torch.zeros_like(param)
+            optimizer_ms[name].append(timed(backend._optimizer.step, args.steps))
     same = all(torch.equal(a.to_local(), b.to_local())
                for a, b in zip(backends["foreach"]._params, backends["loop"]._params))
     for name in backends:
         print(f"{name:8s} train step {statistics.median(step_ms[name]):6.1f} ms   optimizer step "
               f"{statistics.median(optimizer_ms[name]):5.1f} ms   (medians of {args.reps} reps x {args.steps} steps)")
-    print(f"train step ratio loop/foreach: {statistics.median(step_ms['loop']) / statistics.median(step_ms['foreach']):.2f}x;"
-          f" weights bitwise equal after {args.reps * args.steps * 2 + 1} steps each: {same}")
+    close = all(torch.allclose(a.to_local(), b.to_local(), rtol=1e-5, atol=1e-6)
+                for a, b in zip(backends["fused"]._params, backends["foreach"]._params))
+    print(f"train step ratio loop/fused: {statistics.median(step_ms['loop']) / statistics.median(step_ms['fused']):.2f}x, "
+          f"foreach/fused: {statistics.median(step_ms['foreach']) / statistics.median(step_ms['fused']):.2f}x; "
+          f"foreach and loop weights bitwise equal after {args.reps * args.steps * 2 + 1} steps each: {same}; "
+          f"fused within fp32 rounding of foreach: {close}")
     close_distributed()
 
 

@@ -7,10 +7,12 @@ samples any of the vocabulary's ids, and ids past the tokenizer's decode to noth
 qwen2 config transformers loads it as a Qwen2Tokenizer, which drops spaces; the arithmetic task
 has none.)
 
-    python benchmarks/real_size_model.py OUT_DIR [--size 0.5b|1.5b|quick] [--seed 0]
+    python benchmarks/real_size_model.py OUT_DIR [--size 0.5b|1.5b|quick] [--seed 0] [--device cuda]
 
 prints one JSON line: the parameter count, the bytes on disk and the seconds the build took
-(benchmarks/real_size.py runs it in a subprocess, so the benchmark process never holds the model).
+(benchmarks/real_size.py runs it in a subprocess, so the benchmark process never holds the model;
+benchmarks/gpu_check.py builds on the GPU, much faster for 1.5B). `ensure_real_size_model` keeps one
+build per size under the Tandem cache (benchmarks/train_step_real_size.py).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def build_config(shape: Shape, tokenizer):
     return config
 
 
-def build_checkpoint(out_dir: Path, shape: Shape, seed: int = 0) -> dict:
+def build_checkpoint(out_dir: Path, shape: Shape, seed: int = 0, device: str = "cpu") -> dict:
     """Write a seeded random-init model of `shape` (transformers' own initialisation, bf16
     safetensors) and the character tokenizer into `out_dir`. Returns what `main` prints."""
     import torch
@@ -99,7 +101,8 @@ def build_checkpoint(out_dir: Path, shape: Shape, seed: int = 0) -> dict:
     tokenizer = build_char_tokenizer()
     config = build_config(shape, tokenizer)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     if params != shape.parameter_count():
         raise AssertionError(f"{shape.name}: built {params} parameters, the shape says {shape.parameter_count()}")
@@ -110,6 +113,26 @@ def build_checkpoint(out_dir: Path, shape: Shape, seed: int = 0) -> dict:
     tokenizer.save_pretrained(out_dir)
     return {"shape": shape.name, "parameters": params, "bytes": directory_bytes(out_dir),
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+BUILD_FORMAT = 1
+"""Bump when the recipe changes, so that cached builds are not reused."""
+
+
+def ensure_real_size_model(size: str = "0.5b", cache_root: Path | None = None, seed: int = 0) -> Path:
+    """The checkpoint of SHAPES[size], built once under the Tandem cache (its real-size folder)."""
+    import shutil
+
+    from coordinator.embedded.cache import cache_root as tandem_cache
+
+    out = (cache_root or tandem_cache()) / "benchmarks" / "real-size" / f"{size}-seed{seed}-v{BUILD_FORMAT}"
+    if (out / "config.json").is_file():
+        return out
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    build_checkpoint(partial, SHAPES[size], seed)
+    partial.rename(out)
+    return out
 
 
 def directory_bytes(path: Path) -> int:
@@ -123,8 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--size", choices=sorted(SHAPES), default="0.5b")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where to initialise (cuda: much faster for 1.5B)")
     args = parser.parse_args(argv)
-    print(json.dumps(build_checkpoint(args.out_dir, SHAPES[args.size], args.seed)))
+    print(json.dumps(build_checkpoint(args.out_dir, SHAPES[args.size], args.seed, args.device)))
 
 
 if __name__ == "__main__":

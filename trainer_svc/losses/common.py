@@ -60,9 +60,16 @@ def global_denominator(num_global_tokens: float) -> float:
     return max(float(num_global_tokens), 1.0)
 
 
-def masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum over masked positions of the entropy of softmax(logits); logits [B, T-1, V]."""
+def masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, chunk_positions: int = 256) -> torch.Tensor:
+    """Sum over masked positions of the entropy of softmax(logits) weighted by the mask; logits
+    [B, T-1, V]. Only the masked-in positions are computed (a chunk of them at a time): at a
+    151,936-word vocabulary every position costs a log-softmax, an exp and a product over V."""
     with torch.no_grad():
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        entropy = -(logp.exp() * logp).sum(dim=-1)
-        return (entropy * mask).sum()
+        rows, cols = torch.nonzero(mask, as_tuple=True)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for i in range(0, rows.numel(), chunk_positions):
+            r, c = rows[i:i + chunk_positions], cols[i:i + chunk_positions]
+            logp = torch.log_softmax(logits[r, c].float(), dim=-1)
+            entropy = -(logp.exp() * logp).sum(dim=-1)
+            total += (entropy * mask[r, c].float()).sum()
+        return total

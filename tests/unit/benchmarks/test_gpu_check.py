@@ -35,8 +35,8 @@ def test_the_real_run_refuses_a_machine_without_a_gpu(tmp_path):
 
 def test_the_plan_covers_every_measurement_within_the_budget(tmp_path):
     names = [s.name for s in plan(tmp_path, dry_run=False)]
-    for wanted in ("checkpoint qwen2.5-0.5b", "checkpoint qwen2.5-1.5b", "weight-sync smoke", "refit qwen2.5-0.5b",
-                   "refit qwen2.5-1.5b", "grpo 3 steps colocated", "grpo 3 steps dedicated", "megatron 1-rank step",
+    for wanted in ("checkpoint 0.5b", "checkpoint 1.5b", "weight-sync smoke", "refit 0.5b",
+                   "refit 1.5b", "grpo 3 steps colocated", "grpo 3 steps dedicated", "megatron 1-rank step",
                    "gpu tests"):
         assert any(n.startswith(wanted) for n in names), wanted
     assert all("--device" not in s.command or s.command[-1] == "cuda" for s in plan(tmp_path, dry_run=False))

@@ -88,17 +88,22 @@ class DTensorBackend:
         self.dropout_free = dropout_free(self._model)
         """No dropout is active in training: the first optimizer step's previous logprobs are its own (losses)."""
         self._pad_id = policy.pad_id
+        self.completion_logits_only = self._dims.tp == 1
+        """Logits only from the first completion position on (`_first_logit_column`). With tensor
+        parallel the full logits (sequence parallel shards the positions the head sees)."""
         self.vocab_size = policy.vocab_size
         self.num_parameters = policy.num_parameters
         self.hf_tensor_shapes = policy.hf_tensor_shapes
         self.checkpoint_dtype = policy.checkpoint_dtype
         opt = settings.optimizer
         self._params = [p for p in self._model.parameters() if p.requires_grad]
-        # foreach: torch picks it by itself for CUDA tensors only. On CPU it ran one DTensor op per
-        # parameter and update term: 7.1 ms of the embedded model's 39 ms SFT step; foreach gives
-        # bitwise the same weights in 3.3 ms (benchmarks/optimizer_step.py)
+        # fused: one kernel per parameter, no temporaries. torch picks foreach for CUDA tensors and a
+        # per-parameter loop on CPU. On the embedded model's 39 ms SFT step the loop cost 7.1 ms
+        # (one DTensor op per parameter and update term) and foreach 3.3 ms; at Qwen2.5-0.5B's shape
+        # foreach allocates model-sized temporaries and took 4-9x fused's time (benchmarks/optimizer_step.py,
+        # benchmarks/train_step_real_size.py). Same update within fp32 rounding.
         self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                                            weight_decay=opt.weight_decay, foreach=True)
+                                            weight_decay=opt.weight_decay, fused=True)
         self._max_grad_norm = settings.max_grad_norm or math.inf
         self._reference = ReferenceWeights(self._params, _local)
         self.held_bytes = HeldBytes()
@@ -137,18 +142,32 @@ class DTensorBackend:
         return (pack if self._packing.enabled else collate)(chunk, self._pad_id, self.device)
 
     def _forward(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(logits as the model ran, [B, T-1] logprobs in the padded layout, the mask matching the logits)."""
+        """(logits as the model ran, [B, T-1] logprobs in the padded layout, the mask matching the logits).
+        Unpacked, the logits start at column `start` (`_first_logit_column`): the logprobs left of
+        it are 0, and nothing reads them (they are prompt columns, masked out)."""
         packed = batch.packed
         if packed is None:
-            logits = self._run_model(batch.input_ids, None)
-            return logits, token_logprobs(logits, batch.input_ids), batch.mask
+            start = self._first_logit_column(batch)
+            logits = self._run_model(batch.input_ids, None, keep_from=start)
+            logprobs = token_logprobs(logits, batch.input_ids[:, start:])
+            return logits, torch.nn.functional.pad(logprobs, (start, 0)), batch.mask[:, start:]
         logits = self._run_model(packed.input_ids, packed.position_ids)
         return logits, unpack_logprobs(token_logprobs(logits, packed.input_ids), packed), packed.mask
 
-    def _run_model(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
-        """Logits [B, T, V]. Sequence parallel shards T over tp ranks, so T is padded to a multiple
-        of tp (pad tokens at the end, seen by no real token) and the logits cut back.
-        use_cache=False also lets HF read packed samples from the position ids."""
+    def _first_logit_column(self, batch: MicroBatch) -> int:
+        """The first position whose logits a loss or a logprob reads: the one predicting the
+        earliest first completion token (column P - 1 of the shortest prompt P). The prompt
+        positions before it cost the LM head and a log-softmax over the whole vocabulary each
+        (at Qwen2.5-0.5B's 151,936 words, a quarter of the forward's FLOPs on short
+        completions) and are never read; HF's `logits_to_keep` skips them, as TRL does."""
+        return min(batch.prompt_lengths) - 1 if self.completion_logits_only else 0
+
+    def _run_model(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None,
+                   keep_from: int = 0) -> torch.Tensor:
+        """Logits [B, T - keep_from, V] of positions keep_from..T-1. Sequence parallel shards T
+        over tp ranks, so T is padded to a multiple of tp (pad tokens at the end, seen by no real
+        token) and the logits cut back. use_cache=False also lets HF read packed samples from
+        the position ids."""
         width = input_ids.shape[1]
         extra = -width % self._dims.tp if self._dims.sequence_parallel else 0
         if extra:
@@ -156,10 +175,14 @@ class DTensorBackend:
             if position_ids is not None:
                 tail = position_ids[:, -1:] + torch.arange(1, extra + 1, device=position_ids.device)
                 position_ids = torch.cat([position_ids, tail], dim=1)
-        logits = self._model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+        total = input_ids.shape[1]
+        keep = {"logits_to_keep": total - keep_from} if keep_from else {}
+        logits = self._model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **keep).logits
         if isinstance(logits, DTensor):  # a custom plan may leave the head's output sharded over the vocabulary
             logits = logits.full_tensor()
-        return logits[:, :width]
+        if logits.shape[1] == total:  # all positions (keep_from 0, or a model without logits_to_keep)
+            logits = logits[:, keep_from:]
+        return logits[:, :width - keep_from]
 
     @torch.no_grad()
     def _score(self, batch: MicroBatch) -> torch.Tensor:
@@ -234,6 +257,7 @@ class DTensorBackend:
             del logits, curr, out
         grad_norm = clip_grad_norm(self._params, self._max_grad_norm)
         self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)  # applied: free them (a model's size) until the next backward
         self.global_step += 1
         names = sorted(sums)
         totals = torch.stack([sums[n] for n in names]).to(self.device)
