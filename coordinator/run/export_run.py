@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from coordinator.checkpoint.export import Export, NoCheckpoint, checkpoint_to_export, export_hf
+from coordinator.config.run import Launch
 
 
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None) -> Export:
@@ -26,7 +27,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None) -> Export:
         raise NoCheckpoint(f"{run_dir} is not a run directory (it has no config.yaml)")
     cfg = load_config(config)
     path = checkpoint_to_export(run_dir, cfg, step)
-    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"launch": "local", "port": 0})})
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"launch": Launch.LOCAL, "port": 0})})
     model_dir, _, _ = prepare_inputs(cfg)
     scratch = run_dir / "exports" / f"{path.name}-{secrets.token_hex(3)}"
     (scratch / "logs").mkdir(parents=True)

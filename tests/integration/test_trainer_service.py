@@ -204,7 +204,7 @@ def test_two_ranks_dpo_matches_one_process_computation(trainer, tmp_path):
     assert result.metrics["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
     with pytest.raises(RpcFailure) as err:  # a causal LM does not train with the reward-model loss
         trainer.client.train_step(batch, BradleyTerryLossConfig(), global_batch_size=8, micro_batch_size=2)
-    assert err.value.status is Status.INVALID_ARGUMENT and "Bradley-Terry" in err.value.details
+    assert err.value.status is Status.INVALID_ARGUMENT and "BradleyTerryLossConfig" in err.value.details
     with pytest.raises(RpcFailure) as err:  # a rank would split a pair
         trainer.client.train_step(batch[:6], config, global_batch_size=6, micro_batch_size=2)
     assert "whole pairs" in err.value.details

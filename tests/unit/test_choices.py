@@ -18,7 +18,9 @@ PACKAGES = ("coordinator", "trainer_svc", "generator_svc", "reward_svc", "tandem
 CHOICES = r"\b(?:launch|dataset_name|backend|kind)\b"
 STRING_COMPARISONS = re.compile(rf"{CHOICES}\s*[!=]=\s*[rbf]?['\"]"  # kind == "reward"
                                 rf"|['\"]\s*[!=]=\s*[\w.]*{CHOICES}"  # "reward" == kind
-                                rf"|{CHOICES}\s+(?:not\s+)?in\s+[(\[{{]\s*[rbf]?['\"]")  # launch in ("local", ...)
+                                rf"|{CHOICES}\s+(?:not\s+)?in\s+[(\[{{]\s*[rbf]?['\"]"  # launch in ("local", ...)
+                                # set as a string where nothing validates it: model_copy(update={"launch": "local"})
+                                rf"|model_copy\(update=\{{[^}}]*['\"]{CHOICES}['\"]\s*:\s*[rbf]?['\"]")
 
 
 def string_comparisons(root: Path) -> list[tuple[str, int, str]]:
@@ -43,7 +45,8 @@ def test_no_choice_made_at_load_is_compared_with_a_string_downstream():
 
 @pytest.mark.parametrize("line", ['if member.kind == "reward":', "if cfg.cluster.launch != 'local':",
                                   'x = data.dataset_name in ("jsonl", "local")', 'if "megatron" == policy.backend:',
-                                  'ok = backend not in ["dtensor"]'])
+                                  'ok = backend not in ["dtensor"]',
+                                  'cfg = cfg.model_copy(update={"port": 0, "launch": "local"})'])
 def test_the_grep_catches_a_planted_comparison(tmp_path, line):
     for package in PACKAGES:
         (tmp_path / package).mkdir()
