@@ -3,22 +3,12 @@ model-sized temporaries); it trains as the foreach one did, within fp32 rounding
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor.backend import DTensorBackend
 from trainer_svc.config import TrainerSettings
-from trainer_svc.distributed import DistEnv
 from trainer_svc.types import GrpoLossConfig, Sample
-
-
-@pytest.fixture(scope="module")
-def world_of_one(tmp_path_factory):
-    store = dist.FileStore(str(tmp_path_factory.mktemp("dist") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, torch.device("cpu"), dist.group.WORLD)
-    dist.destroy_process_group()
 
 
 def test_fused_adamw_trains_as_foreach_did(world_of_one):

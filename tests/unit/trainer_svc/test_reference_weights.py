@@ -4,7 +4,6 @@ reference's float32 values and gives the live ones back bit for bit, as the full
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainer_svc.backends.reference import ReferenceWeights, expand_copy
 
@@ -56,15 +55,6 @@ def test_weights_off_the_bfloat16_grid_keep_a_full_copy():
         for p, want in zip(params, initial):
             assert torch.equal(p, want)
 
-
-@pytest.fixture(scope="module")
-def world_of_one(tmp_path_factory):
-    from trainer_svc.distributed import DistEnv
-
-    store = dist.FileStore(str(tmp_path_factory.mktemp("dist") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, torch.device("cpu"), dist.group.WORLD)
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from coordinator.config import load_config
@@ -20,17 +18,8 @@ from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.launch.specs import generator_settings, trainer_settings
 from tandem.weight_sync import BucketPlan, iter_buckets
 from trainer_svc.backends.dtensor.backend import DTensorBackend
-from trainer_svc.distributed import DistEnv
 from trainer_svc.publish import weight_sync_plan
 from trainer_svc.types import GrpoLossConfig, Sample
-
-
-@pytest.fixture(scope="module")
-def world_of_one(tmp_path_factory):
-    store = dist.FileStore(str(tmp_path_factory.mktemp("dist") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, torch.device("cpu"), dist.group.WORLD)
-    dist.destroy_process_group()
 
 
 def _checkpoint(target: Path, dtype: torch.dtype) -> Path:
