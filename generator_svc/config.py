@@ -16,6 +16,7 @@ core list ("1", "0-3") to pin a generator on a machine where cores are set aside
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,14 @@ _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 # AF_UNIX socket paths are limited to 107 bytes; vLLM puts "<run dir>/<uuid4>" sockets there.
 _MAX_SCRATCH_CHARS = 107 - len("/g4194304/") - 36
 _BOOL = TypeAdapter(bool)
+
+
+class Executor(StrEnum):
+    """vLLM's distributed_executor_backend, chosen once while the settings validate (a str: vLLM
+    takes it as it is)."""
+
+    UNI = "uni"
+    MP = "mp"
 
 
 class VllmSettings(BaseModel):
@@ -67,7 +76,7 @@ class VllmSettings(BaseModel):
     """vLLM tensor parallelism inside one generator: its workers split every layer (CPU: gloo)."""
     pipeline_parallel_size: int = Field(1, ge=1)
     """vLLM pipeline parallelism inside one generator: its workers hold consecutive layers."""
-    distributed_executor_backend: Literal["uni", "mp"] | None = Field(None, validate_default=True)
+    distributed_executor_backend: Executor | None = Field(None, validate_default=True)
     """uni: the model runs inside vLLM's engine-core process. mp: in worker processes of their own
     (vLLM's default on CPU), which busy-wait on shared memory for a second after every batch: an
     idle generator then holds a core while the trainer trains (measured: 0.43 CPU-s per 3 idle s
@@ -86,11 +95,11 @@ class VllmSettings(BaseModel):
         validated; if one failed, its own error is reported and nothing is derived)."""
         if value is not None or "tensor_parallel_size" not in info.data or "pipeline_parallel_size" not in info.data:
             return value
-        return "mp" if info.data["tensor_parallel_size"] * info.data["pipeline_parallel_size"] > 1 else "uni"
+        return Executor.MP if info.data["tensor_parallel_size"] * info.data["pipeline_parallel_size"] > 1 else Executor.UNI
 
     @model_validator(mode="after")
     def _one_worker_for_uni(self) -> VllmSettings:
-        if self.distributed_executor_backend == "uni" and self.num_workers > 1:
+        if self.distributed_executor_backend is Executor.UNI and self.num_workers > 1:
             raise ValueError(f"vllm_cfg.distributed_executor_backend: uni runs one worker; tensor_parallel_size x "
                              f"pipeline_parallel_size = {self.num_workers} needs mp (or leave it unset)")
         return self
@@ -216,7 +225,7 @@ def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_p
         env["TORCHDYNAMO_DISABLE"] = "1"
     # vLLM decides the V2 model runner by itself (on with Triton on GPUs) unless told
     env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if settings.model_runner_v2 else "0"
-    if settings.distributed_executor_backend == "uni":  # else vLLM's CPU platform forces "mp"
+    if settings.distributed_executor_backend is Executor.UNI:  # else vLLM's CPU platform forces "mp"
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if settings.cpu_threads_bind is None and "OMP_NUM_THREADS" not in current:
         env["OMP_NUM_THREADS"] = "1"

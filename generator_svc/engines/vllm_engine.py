@@ -357,7 +357,7 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool, float
         async_scheduling=settings.async_scheduling,  # vLLM's None turns it on on GPUs
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
-        distributed_executor_backend=settings.distributed_executor_backend,
+        distributed_executor_backend=str(settings.distributed_executor_backend),  # the plain str vLLM validates
         tensor_parallel_size=settings.tensor_parallel_size, pipeline_parallel_size=settings.pipeline_parallel_size,
         worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory,
         # in-flight updates keeping stale KV: no prefix cache, or new requests would reuse that KV
