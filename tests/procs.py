@@ -122,3 +122,15 @@ def wait_until(proc: subprocess.Popen, condition, what: str, *, timeout_s: float
         assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}:\n{output()[-3000:]}"
         time.sleep(0.5)
     return time.monotonic() - started
+
+
+class Events:
+    """A logger that records the names of the events logged to it (structlog's info/warning/debug)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def _add(self, event, **fields):
+        self.names.append(event)
+
+    info = warning = debug = _add

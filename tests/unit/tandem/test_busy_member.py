@@ -21,20 +21,11 @@ from coordinator.membership.server import CoordinatorServer
 from coordinator.membership.status import RunStatus
 from coordinator.membership.vitals import process_vitals
 from tandem.membership import Announcement, Load, MembershipAgent
+from tests.procs import Events
 
 TOKEN = "busy-member-token"
 STEP_S = 2.0  # > TIMEOUT_S: a member starved for the whole step would be dropped
 TIMEOUT_S = 0.6
-
-
-class Events:
-    def __init__(self):
-        self.names: list[str] = []
-
-    def _add(self, event, **fields):
-        self.names.append(event)
-
-    info = warning = debug = _add
 
 
 def python_busy_loop() -> None:

@@ -13,18 +13,9 @@ from coordinator.membership.server import CoordinatorServer
 from coordinator.membership.status import RunStatus
 from tandem.membership import Announcement, Load, MembershipAgent
 from tests import procs
+from tests.procs import Events
 
 TOKEN = "agent-test-token"
-
-
-class Events:
-    def __init__(self):
-        self.names: list[str] = []
-
-    def _add(self, event, **fields):
-        self.names.append(event)
-
-    info = warning = debug = _add
 
 
 def _server(port: int) -> tuple[CoordinatorServer, Registry, str]:

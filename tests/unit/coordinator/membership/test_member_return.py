@@ -8,18 +8,9 @@ import structlog
 
 from coordinator.membership.registry import BUSY_WINDOW_S, MAX_SUSPECTED, Registry
 from coordinator.membership.vitals import Vitals, process_vitals
+from tests.procs import Events
 
 LOG = structlog.get_logger()
-
-
-class Events:
-    def __init__(self):
-        self.names: list[str] = []
-
-    def _add(self, event, **fields):
-        self.names.append(event)
-
-    info = warning = debug = _add
 
 
 def test_a_member_silent_past_the_timeout_is_lost_then_keeps_its_id_when_it_heartbeats_again():
