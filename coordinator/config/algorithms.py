@@ -150,7 +150,7 @@ class SFTConfig(Section):
     val_period: int = Field(50, gt=0)
     """Optimizer steps per trainer call; the held-out accuracy is checked after each."""
     near_target_val_period: int | None = Field(None, gt=0)
-    """Steps per trainer call once the held-out accuracy has reached half of stop_at_accuracy
+    """Steps per trainer call once a held-out check has reached half of stop_at_accuracy
     (None: val_period), so that the warm start stops near its target instead of up to
     val_period steps past it."""
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)
