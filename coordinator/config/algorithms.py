@@ -135,8 +135,8 @@ class GRPOConfig(Section):
 
 class SFTConfig(Section):
     """The SFT warm start before GRPO. Unset keys (config/defaults.py): the embedded tiny model gets the
-    demo's warm start (2000 steps at lr 1e-3, stopping at 45% held-out accuracy, checked every 10
-    steps from 22.5% on); a checkpoint of yours gets none unless max_num_steps is set (then at the
+    demo's warm start (2000 steps at lr 1e-3, stopping at 40% held-out accuracy, checked every 10
+    steps from 20% on); a checkpoint of yours gets none unless max_num_steps is set (then at the
     policy's lr, for all its steps)."""
 
     max_num_steps: int = Field(0, ge=0)

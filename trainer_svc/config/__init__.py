@@ -35,7 +35,7 @@ class OptimizerSettings(_Strict):
     """AdamW hyperparameters (no schedule: the learning rate is constant)."""
 
     lr: float = Field(2e-4, gt=0)
-    """Learning rate (the embedded GRPO demo's is 4e-4: coordinator/config/defaults.py)."""
+    """Learning rate; 5e-4 and above destabilise the embedded demo (benchmarks/calibrate_embedded.py)."""
     weight_decay: float = Field(0.0, ge=0)
     """Decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
