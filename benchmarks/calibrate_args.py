@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-anneal-steps", type=int, default=100)
     p.add_argument("--save-sft", default="", help="save the SFT state_dict here (to reuse across GRPO runs)")
     p.add_argument("--load-sft", default="", help="skip SFT and load this state_dict")
-    p.add_argument("--grpo-lr", type=float, default=2e-4)
+    p.add_argument("--grpo-lr", type=float, default=2e-4, help="the embedded demo's (policy.optimizer.kwargs.lr)")
     p.add_argument("--grpo-steps", type=int, default=60)
     p.add_argument("--grpo-eval-every", type=int, default=10)
     p.add_argument("--grpo-epochs", type=int, default=1, help="optimizer steps per sampled batch")

@@ -161,18 +161,21 @@ class Run(RunBase):
         return state.step
 
     def _warm_start(self, ctx: LoopContext) -> float | None:
-        """SFT in calls of sft.val_period steps; after each, publish and check held-out
+        """SFT in calls of sft.val_period steps (sft.near_target_val_period once a held-out check
+        has reached half of sft.stop_at_accuracy); after each, publish and check held-out
         accuracy, stopping once it reaches sft.stop_at_accuracy. Returns the last accuracy."""
         cfg = self.cfg.sft
-        done, accuracy = 0, None
+        done, accuracy, best = 0, None, None
         with self.steps("sft", cfg.max_num_steps) as steps:
-            for _ in steps.over(range(-(-cfg.max_num_steps // cfg.val_period))):
-                size = min(cfg.val_period, cfg.max_num_steps - done)
+            while done < cfg.max_num_steps:
+                steps.begin()
+                size = min(_sft_chunk(cfg, best), cfg.max_num_steps - done)
                 metrics = sft_steps(ctx, size)
                 done += size
                 ctx.publish()
                 if self._val:
                     accuracy = metrics["val_accuracy"] = self.validate(ctx, done, phase="sft_val")
+                    best = max(accuracy, best or 0.0)
                 metrics["sft_steps"] = float(done)
                 metrics["weight_version"] = float(ctx.publisher.version)
                 reached = cfg.stop_at_accuracy is not None and metrics.get("val_accuracy", 0.0) >= cfg.stop_at_accuracy
@@ -246,3 +249,11 @@ def _served(generators) -> list[int]:
         except RpcFailure:
             pass
     return versions
+
+
+def _sft_chunk(cfg, best: float | None) -> int:
+    """SFT steps before the next held-out check: sft.near_target_val_period once the best check so
+    far (`best`; the checks are noisy) reached half of sft.stop_at_accuracy, else sft.val_period."""
+    near = (cfg.near_target_val_period is not None and cfg.stop_at_accuracy is not None and best is not None
+            and best >= cfg.stop_at_accuracy / 2)
+    return cfg.near_target_val_period if near else cfg.val_period

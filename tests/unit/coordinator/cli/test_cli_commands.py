@@ -36,6 +36,7 @@ def test_config_prints_each_keys_source(tmp_path, capsys):
     assert sources["grpo.num_prompts_per_step"] == "override"
     assert sources["grpo.seed"] == "default"
     assert sources["sft.max_num_steps"] == "derived: the embedded tiny model's"
+    assert sources["sft.near_target_val_period"] == "derived: the embedded tiny model's"
     assert sources["data.default_task"] == "derived: the env's one task"
 
 

@@ -132,6 +132,7 @@ def _checkpoint(tmp_path, context: int | None = 2048) -> str:
 def test_a_checkpoint_of_yours_gets_no_sft_warm_start_and_lengths_that_fit_it(tmp_path):
     cfg = load_config(overrides=[f"policy.model_name={_checkpoint(tmp_path)}"])
     assert (cfg.sft.max_num_steps, cfg.sft.lr, cfg.sft.stop_at_accuracy) == (0, None, None)
+    assert cfg.sft.near_target_val_period is None
     assert cfg.policy.max_total_sequence_length == 1024  # the model's 2048, capped
     assert cfg.policy.generation.max_new_tokens == 512 and cfg.policy.generation.vllm_cfg.max_model_len == 1024
     asked = load_config(overrides=[f"policy.model_name={tmp_path}", "sft.max_num_steps=30",
@@ -142,7 +143,8 @@ def test_a_checkpoint_of_yours_gets_no_sft_warm_start_and_lengths_that_fit_it(tm
 
 def test_the_embedded_demo_keeps_its_warm_start_and_lengths():
     cfg = load_config()
-    assert (cfg.sft.max_num_steps, cfg.sft.lr, cfg.sft.stop_at_accuracy) == (2000, 1e-3, 0.45)
+    assert (cfg.sft.max_num_steps, cfg.sft.lr, cfg.sft.stop_at_accuracy) == (2000, 1e-3, 0.40)
+    assert cfg.sft.near_target_val_period == 10
     assert (cfg.policy.max_total_sequence_length, cfg.policy.generation.max_new_tokens) == (64, 4)
     assert cfg.policy.generation.vllm_cfg.max_model_len == 64
     assert load_config(overrides=["sft.max_num_steps=0"]).sft.max_num_steps == 0
