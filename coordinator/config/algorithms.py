@@ -93,7 +93,8 @@ class AsyncGRPOConfig(Section):
 
 class GRPOConfig(Section):
     num_prompts_per_step: int = Field(16, gt=0)
-    """Prompts drawn for each GRPO step."""
+    """Prompts drawn for each GRPO step (the embedded demo: 32, with the policy's batch sizes to match,
+    unless the config sets any of them: coordinator/config/defaults.py)."""
     num_generations_per_prompt: int = Field(8, gt=1)
     """Completions sampled per prompt (the group its baseline is computed over)."""
     max_num_steps: int = Field(60, ge=0)

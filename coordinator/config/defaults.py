@@ -5,7 +5,12 @@ keys a config leaves unset (a key that is set is never changed):
   demo's SFT warm start (sft.max_num_steps 2000, lr 1e-3, stop at 40% held-out accuracy, checked
   every 10 steps instead of 50 once a check has reached 20%, so that it stops near 40% rather
   than up to 20 points past it: benchmarks/results/2026-11-28-demo.md) and the embedded task's
-  lengths (64 tokens in all, 4 new ones: 3 digits and EOS).
+  lengths (64 tokens in all, 4 new ones: 3 digits and EOS). Its GRPO (or DAPO) run, when the config
+  sets none of the batch keys below, draws 32 prompts a step instead of 16, all of a step's
+  samples in one optimizer step (train_global_batch_size = 32 x num_generations_per_prompt) in
+  two micro-batches: from the same warm start GRPO then climbs at every held-out check instead
+  of swinging by ~10 points between them (+25.8 and +26.6 points against +21.2 and +19.8 at 16
+  prompts: benchmarks/results/2026-11-28-demo.md).
 - A checkpoint of yours gets what NeMo-RL's GRPO does: no SFT warm start unless the config asks
   for one (and then with the policy's own learning rate, for sft.max_num_steps steps),
   policy.max_total_sequence_length = the model's context length capped at 1024, and half of it
@@ -25,6 +30,9 @@ from pathlib import Path
 
 EMBEDDED_SFT = {"max_num_steps": 2000, "lr": 1e-3, "stop_at_accuracy": 0.40, "near_target_val_period": 10}
 CHECKPOINT_SFT = {"max_num_steps": 0, "lr": None, "stop_at_accuracy": None, "near_target_val_period": None}
+EMBEDDED_PROMPTS_PER_STEP = 32
+BATCH_KEYS = ("grpo.num_prompts_per_step", "policy.train_global_batch_size", "policy.train_micro_batch_size",
+              "policy.logprob_batch_size")
 EMBEDDED_LENGTHS = {"max_total_sequence_length": 64, "max_new_tokens": 4}
 CHECKPOINT_MAX_LENGTH = 1024
 EMBEDDED = "the embedded tiny model's"
@@ -70,7 +78,16 @@ def derived_defaults(cfg) -> tuple[dict[str, object], dict[str, str]]:
     if "max_model_len" not in generation.vllm_cfg.model_fields_set:
         generation_updates["vllm_cfg"] = generation.vllm_cfg.model_copy(update={"max_model_len": total})
         reasons["policy.generation.vllm_cfg.max_model_len"] = "policy.max_total_sequence_length"
+    grpo_updates = {}
+    if embedded and cfg.algorithm.uses_rollouts and not any(_is_set(cfg, key) for key in BATCH_KEYS):
+        grpo_updates["num_prompts_per_step"] = EMBEDDED_PROMPTS_PER_STEP
+        batch = EMBEDDED_PROMPTS_PER_STEP * cfg.grpo.num_generations_per_prompt
+        policy_updates.update(train_global_batch_size=batch, train_micro_batch_size=batch // 2,
+                              logprob_batch_size=batch // 2)
+        reasons.update({key: EMBEDDED + " GRPO demo" for key in BATCH_KEYS})
     replaced: dict[str, object] = {}
+    if grpo_updates:
+        replaced["grpo"] = cfg.grpo.model_copy(update=grpo_updates)
     if sft_updates:
         replaced["sft"] = sft.model_copy(update=sft_updates)
     if generation_updates:
@@ -81,6 +98,11 @@ def derived_defaults(cfg) -> tuple[dict[str, object], dict[str, str]]:
         replaced["data"] = cfg.data.model_copy(update={"default_task": _default_task(cfg.env)})
         reasons["data.default_task"] = "the env's one task"
     return replaced, reasons
+
+
+def _is_set(cfg, dotted: str) -> bool:
+    section, key = dotted.split(".")
+    return key in getattr(cfg, section).model_fields_set
 
 
 def _default_task(env: dict) -> str:

@@ -55,15 +55,6 @@ class ExperimentConfig(Section):
     """Resolved from the dpo / rm sections at load; not a key to set."""
     _derived: dict[str, str] = PrivateAttr(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _model_defaults(self) -> ExperimentConfig:
-        """Fill the keys whose default depends on the model or on other keys (config/defaults.py)."""
-        replaced, self._derived = derived_defaults(self)
-        for name, section in replaced.items():
-            object.__setattr__(self, name, section)
-        check_length_keys(self)
-        return self
-
     @property
     def service_plan(self) -> ServicePlan:
         """The services beside the trainer (ServicePlan)."""
@@ -128,6 +119,15 @@ class ExperimentConfig(Section):
         if not self.algorithm.uses_rollouts and self.policy.sequence_packing.enabled:
             raise ValueError(f"policy.sequence_packing.enabled is not supported for {self.algorithm.value} runs "
                              "(packing regroups samples and would split (chosen, rejected) pairs); set it to false")
+        return self
+
+    @model_validator(mode="after")
+    def _model_defaults(self) -> ExperimentConfig:
+        """Fill the keys whose default depends on the model or on other keys (config/defaults.py)."""
+        replaced, self._derived = derived_defaults(self)
+        for name, section in replaced.items():
+            object.__setattr__(self, name, section)
+        check_length_keys(self)
         return self
 
     @model_validator(mode="after")

@@ -104,7 +104,7 @@ class Pool:
 def flow(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
     cfg = load_config(overrides=[
-        "cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
+        "cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}", "grpo.num_prompts_per_step=16",
         "cluster.max_service_restarts=0",  # the test replaces the generators it kills itself
         "logger.tensorboard_enabled=false", "policy.generation.max_new_tokens=24"])  # a kill lands mid-rollout
     model_dir = str(ensure_tiny_model(root / "cache"))

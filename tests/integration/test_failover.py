@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 def loop(tmp_path_factory, start_loop):
     root = tmp_path_factory.mktemp("failover")
     cfg = load_config(overrides=[
-        "cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
+        "cluster.num_generators=2", "cluster.trainer_ranks=1", f"logger.log_dir={root}", "grpo.num_prompts_per_step=16",
         "logger.tensorboard_enabled=false", "cluster.max_service_restarts=0",  # the survivors take the work
     ])
     with start_loop(root, cfg, op_timeout_s=10.0) as (ctx, cluster):

@@ -103,7 +103,7 @@ def _rank0_store() -> tuple[str, int]:
 def run(tmp_path_factory, start_loop):
     root = tmp_path_factory.mktemp("listeners")
     cfg = load_config(overrides=["cluster.num_generators=1", "cluster.trainer_ranks=2", f"logger.log_dir={root}",
-                                 "logger.tensorboard_enabled=false"])
+                                 "logger.tensorboard_enabled=false", "grpo.num_prompts_per_step=16"])
     with start_loop(root, cfg, num_train=200) as (ctx, _):
         assert ctx.publish().epoch >= 0  # the weight-sync group of trainer rank 0 and the generator exists
         yield ctx, _run_listeners()

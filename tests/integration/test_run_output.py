@@ -18,7 +18,7 @@ import pytest
 from tests.metric_readers import mlflow_scalars, tensorboard_scalars, wandb_scalars
 
 pytestmark = pytest.mark.integration
-JOB = ["sft.max_num_steps=40", "sft.val_period=20", "grpo.max_num_steps=2", "grpo.val_period=1",
+JOB = ["sft.max_num_steps=40", "sft.val_period=20", "grpo.max_num_steps=2", "grpo.num_prompts_per_step=16", "grpo.val_period=1",
        "grpo.max_val_samples=32", "checkpointing.save_period=2", "logger.log_dir=runs", "logger.run_name=piped",
        "logger.wandb_enabled=true", "logger.wandb.mode=offline", "logger.mlflow_enabled=true",
        "logger.num_val_samples_to_print=4"]

@@ -9,9 +9,32 @@ from coordinator.config import ConfigError, load_config
 def test_defaults_are_the_embedded_demo():
     cfg = load_config()
     assert cfg.policy.model_name is None
-    assert cfg.grpo.num_prompts_per_step == 16 and cfg.grpo.num_generations_per_prompt == 8
+    assert cfg.grpo.num_prompts_per_step == 32 and cfg.grpo.num_generations_per_prompt == 8
+    assert (cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size, cfg.policy.logprob_batch_size) == (
+        256, 128, 128)  # the embedded demo's GRPO batch: one optimizer step a GRPO step (config/defaults.py)
     assert cfg.data.dataset_name == "arithmetic"
     assert cfg.cluster.trainer_ranks == 1  # a CPU machine: the fewest ranks the layout needs
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["grpo.num_prompts_per_step=16"], (16, 128, 64, 64)),  # one batch key set: none derived
+    (["policy.train_micro_batch_size=32"], (16, 128, 32, 64)),
+    (["grpo.num_generations_per_prompt=4"], (32, 128, 64, 64)),  # the batch follows the group size
+    (["dpo.max_num_steps=2", "data.dataset_name=arithmetic_preference"], (16, 128, 64, 64)),  # no rollouts: none derived
+])
+def test_the_embedded_demo_batch_is_derived_only_when_no_batch_key_is_set(overrides, expected):
+    cfg = load_config(overrides=overrides)
+    policy = cfg.policy
+    assert (cfg.grpo.num_prompts_per_step, policy.train_global_batch_size, policy.train_micro_batch_size,
+            policy.logprob_batch_size) == expected
+    assert ("grpo.num_prompts_per_step" in cfg.derived) == (expected[0] == 32)
+
+
+def test_a_checkpoint_of_yours_gets_no_demo_batch(tmp_path):
+    from coordinator.embedded.tiny_model import ensure_tiny_model
+
+    cfg = load_config(overrides=[f"policy.model_name={ensure_tiny_model(tmp_path)}"])
+    assert (cfg.grpo.num_prompts_per_step, cfg.policy.train_global_batch_size) == (16, 128)
 
 
 @pytest.mark.parametrize("overrides, ranks", [
