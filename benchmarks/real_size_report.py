@@ -46,6 +46,8 @@ class SystemRep:
     checkpoint_s: list[float] = field(default_factory=list)
     """Tandem: seconds of each save (timings_s.checkpoint_s over the `checkpoint_saved` events)."""
     command: str = ""
+    members_lost: list[str] = field(default_factory=list)
+    """Tandem: the coordinator's `member_lost` events (kind:member id): a healthy run has none."""
 
     @property
     def median_step_s(self) -> float:
@@ -98,7 +100,9 @@ def tandem_rep(system: str, run_dir: Path, launched: float, memory: Peaks, comma
                      publish_send_s=[float(e["seconds"]) for e in sent],
                      publish_trainer_s=[e["duration_ms"] / 1000 for e in trainer],
                      publish_bytes=max((int(e.get("bytes") or 0) for e in sent), default=0),
-                     checkpoint_s=[total / saves] * saves if saves and total is not None else [], command=command)
+                     checkpoint_s=[total / saves] * saves if saves and total is not None else [], command=command,
+                     members_lost=[f"{e.get('kind')}:{e.get('member_id')}"
+                                   for e in events(logs / "coordinator.log", "member_lost")])
 
 
 def gib(kib: int) -> str:
@@ -194,6 +198,13 @@ def _checkpoint_lines(results: Results) -> list[str]:
     return lines or ["- no checkpoint measured"]
 
 
+def _liveness_lines(results: Results) -> list[str]:
+    """Members the coordinator declared lost in each Tandem rep (a busy trainer must not be one)."""
+    return [f"- {system} rep {i + 1}: {len(rep.members_lost)} member(s) declared lost"
+            + (f" ({', '.join(rep.members_lost)})" if rep.members_lost else "")
+            for system, reps in results.reps.items() if system != "trl" for i, rep in enumerate(reps)]
+
+
 def render(results: Results) -> str:
     """The result file: the setup, then steps, memory, publish and checkpoint."""
     s, shape, model = results.settings, results.shape, results.model
@@ -216,5 +227,6 @@ def render(results: Results) -> str:
              "ranks; generator: with vLLM's engine process; coordinator: the `tandem run` process and whatever "
              "else it started; the whole tree's peak is the largest sum of one sample."), "",
              "## Publish", "", *_publish_lines(results), "",
-             "## Checkpoint", "", *_checkpoint_lines(results)]
+             "## Checkpoint", "", *_checkpoint_lines(results), "",
+             "## Liveness", "", *_liveness_lines(results)]
     return "\n".join(lines) + "\n"

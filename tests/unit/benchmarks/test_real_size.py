@@ -164,6 +164,7 @@ def test_the_result_file_holds_every_figure(tmp_path):
     assert "a save 15.00 (15.00-15.00) s, 2 save(s)" in text and "(6.00 GiB)" in text
     assert "write + fsync 6.00 s (1.00 GiB/s), cold read 3.00 s (2.00 GiB/s)" in text
     assert "timings_s.resume_s 12.50 s" in text and "(that publish: 2.00 s" in text and "publish: 10.50 s" in text
+    assert "- tandem rep 1: 0 member(s) declared lost" in text
     assert "/tmp" not in text
     assert _portable(["--quick", "--work-dir", "/tmp/w", "--out=/tmp/r.md", "--reps", "2"]) == ["--quick", "--reps", "2"]
     args = argparse.Namespace(out=None, shape="0.5b")
@@ -180,7 +181,8 @@ def test_a_tandem_run_directory_gives_its_figures(tmp_path):
                "time_publish_s": 1.0 + i, "time_step_s": 9.0} for i in (1, 2, 3))]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     events = [{"event": "weights_published", "seconds": 0.5, "bytes": 1000}, {"event": "checkpoint_saved"},
-              {"event": "weights_published", "seconds": 0.7, "bytes": 1000}]
+              {"event": "weights_published", "seconds": 0.7, "bytes": 1000},
+              {"event": "member_lost", "member_id": "m3", "kind": "trainer"}]
     (logs / "coordinator.log").write_text("".join(json.dumps(e) + "\n" for e in events))
     (logs / "trainer.log").write_text("torchrun noise\n" + json.dumps({"event": "weights_published",
                                                                         "duration_ms": 400}) + "\n")
@@ -190,3 +192,4 @@ def test_a_tandem_run_directory_gives_its_figures(tmp_path):
     assert rep.phases == {"publish": 3.5, "rollout": 4.5, "train": 5.0}  # medians of steps 2 and 3
     assert rep.publish_phase_s == [2.0, 3.0, 4.0] and rep.publish_send_s == [0.5, 0.7]
     assert rep.publish_trainer_s == [0.4] and rep.publish_bytes == 1000 and rep.checkpoint_s == [3.0]
+    assert rep.members_lost == ["trainer:m3"]
