@@ -98,7 +98,7 @@ class GRPOConfig(Section):
     num_generations_per_prompt: int = Field(8, gt=1)
     """Completions sampled per prompt (the group its baseline is computed over)."""
     max_num_steps: int = Field(60, ge=0)
-    """GRPO steps; 0 skips GRPO."""
+    """GRPO steps; 0 skips GRPO. Unset with the embedded model: 100 (coordinator/config/defaults.py)."""
     normalize_rewards: bool = True
     """Divide advantages by the group's reward std."""
     use_leave_one_out_baseline: bool = True

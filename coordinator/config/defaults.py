@@ -10,7 +10,8 @@ keys a config leaves unset (a key that is set is never changed):
   samples in one optimizer step (train_global_batch_size = 32 x num_generations_per_prompt) in
   two micro-batches: from the same warm start GRPO then climbs at every held-out check instead
   of swinging by ~10 points between them (+25.8 and +26.6 points against +21.2 and +19.8 at 16
-  prompts: benchmarks/results/2026-11-28-demo.md).
+  prompts: benchmarks/results/2026-11-28-demo.md); and, unless grpo.max_num_steps is set, 100
+  steps instead of 60: the held-out accuracy still climbs past step 60 (63% there, 79% at 100).
 - A checkpoint of yours gets what NeMo-RL's GRPO does: no SFT warm start unless the config asks
   for one (and then with the policy's own learning rate, for sft.max_num_steps steps),
   policy.max_total_sequence_length = the model's context length capped at 1024, and half of it
@@ -31,6 +32,7 @@ from pathlib import Path
 EMBEDDED_SFT = {"max_num_steps": 2000, "lr": 1e-3, "stop_at_accuracy": 0.40, "near_target_val_period": 10}
 CHECKPOINT_SFT = {"max_num_steps": 0, "lr": None, "stop_at_accuracy": None, "near_target_val_period": None}
 EMBEDDED_PROMPTS_PER_STEP = 32
+EMBEDDED_GRPO_STEPS = 100
 BATCH_KEYS = ("grpo.num_prompts_per_step", "policy.train_global_batch_size", "policy.train_micro_batch_size",
               "policy.logprob_batch_size")
 EMBEDDED_LENGTHS = {"max_total_sequence_length": 64, "max_new_tokens": 4}
@@ -85,6 +87,9 @@ def derived_defaults(cfg) -> tuple[dict[str, object], dict[str, str]]:
         policy_updates.update(train_global_batch_size=batch, train_micro_batch_size=batch // 2,
                               logprob_batch_size=batch // 2)
         reasons.update({key: EMBEDDED + " GRPO demo" for key in BATCH_KEYS})
+    if embedded and cfg.algorithm.uses_rollouts and not _is_set(cfg, "grpo.max_num_steps"):
+        grpo_updates["max_num_steps"] = EMBEDDED_GRPO_STEPS
+        reasons["grpo.max_num_steps"] = EMBEDDED + " GRPO demo"
     replaced: dict[str, object] = {}
     if grpo_updates:
         replaced["grpo"] = cfg.grpo.model_copy(update=grpo_updates)

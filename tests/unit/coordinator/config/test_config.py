@@ -12,6 +12,7 @@ def test_defaults_are_the_embedded_demo():
     assert cfg.grpo.num_prompts_per_step == 32 and cfg.grpo.num_generations_per_prompt == 8
     assert (cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size, cfg.policy.logprob_batch_size) == (
         256, 128, 128)  # the embedded demo's GRPO batch: one optimizer step a GRPO step (config/defaults.py)
+    assert cfg.grpo.max_num_steps == 100 and load_config(overrides=["grpo.max_num_steps=60"]).grpo.max_num_steps == 60
     assert cfg.data.dataset_name == "arithmetic"
     assert cfg.cluster.trainer_ranks == 1  # a CPU machine: the fewest ranks the layout needs
 
@@ -34,7 +35,7 @@ def test_a_checkpoint_of_yours_gets_no_demo_batch(tmp_path):
     from coordinator.embedded.tiny_model import ensure_tiny_model
 
     cfg = load_config(overrides=[f"policy.model_name={ensure_tiny_model(tmp_path)}"])
-    assert (cfg.grpo.num_prompts_per_step, cfg.policy.train_global_batch_size) == (16, 128)
+    assert (cfg.grpo.num_prompts_per_step, cfg.policy.train_global_batch_size, cfg.grpo.max_num_steps) == (16, 128, 60)
 
 
 @pytest.mark.parametrize("overrides, ranks", [
