@@ -9,6 +9,7 @@ re-tokenized the conversation would train on tokens the model never sampled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,17 +40,52 @@ def build_chat_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     return tokenizer
 
 
-def build_tiny_chat_model(out_dir: Path, spec: TinyModelSpec = CHAT_SPEC) -> Path:
+def build_tiny_chat_model(out_dir: Path, spec: TinyModelSpec = CHAT_SPEC,
+                          warm_rows: Sequence[tuple[Sequence[int], Sequence[int]]] = (), warm_steps: int = 0) -> Path:
+    """Write the tiny chat model into out_dir; with warm_rows ((prompt ids, target ids) pairs),
+    first fit it to them for warm_steps steps in this process (a few seconds: an agent's protocol,
+    learnt before any service starts)."""
     model, _ = init_tiny_model(spec)
     tokenizer = build_chat_tokenizer()
-    model.resize_token_embeddings(len(tokenizer))
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     model.config.vocab_size = len(tokenizer)
+    if warm_rows and warm_steps:
+        fit(model, list(warm_rows), warm_steps, pad_id=tokenizer.pad_token_id, seed=spec.seed)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return Path(out_dir)
 
 
-def ensure_tiny_chat_model(cache_root: Path, spec: TinyModelSpec = CHAT_SPEC) -> Path:
-    """Build the tiny chat model once under cache_root/models and return its directory."""
-    path = Path(cache_root) / "models" / f"tiny-chat-{spec.cache_key()}-{len(EXTRA_TOKENS)}"
-    return ensure_entry(path, lambda tmp: build_tiny_chat_model(tmp, spec))
+def fit(model, rows: list[tuple[Sequence[int], Sequence[int]]], steps: int, *, pad_id: int, seed: int = 0,
+        batch_size: int = 16, lr: float = 3e-3) -> float:
+    """NLL on the targets (AdamW, seeded batches); returns the last loss."""
+    import random
+
+    import torch
+
+    draw = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        batch = [draw.choice(rows) for _ in range(batch_size)]
+        length = max(len(p) + len(t) for p, t in batch)
+        ids = torch.full((len(batch), length), pad_id)
+        labels = torch.full((len(batch), length), -100)
+        for i, (prompt, target) in enumerate(batch):
+            ids[i, :len(prompt) + len(target)] = torch.tensor([*prompt, *target])
+            labels[i, len(prompt):len(prompt) + len(target)] = torch.tensor(list(target))
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return float(loss.detach())
+
+
+def ensure_tiny_chat_model(cache_root: Path, spec: TinyModelSpec = CHAT_SPEC, *, name: str = "",
+                           warm_rows: Sequence[tuple[Sequence[int], Sequence[int]]] = (), warm_steps: int = 0) -> Path:
+    """Build the tiny chat model once under cache_root/models and return its directory; `name`
+    tells apart warm starts (rows are not hashed: a new warm start needs a new name)."""
+    path = Path(cache_root) / "models" / f"tiny-chat-{spec.cache_key()}-{len(EXTRA_TOKENS)}{'-' + name if name else ''}"
+    return ensure_entry(path, lambda tmp: build_tiny_chat_model(tmp, spec, warm_rows, warm_steps))

@@ -96,6 +96,7 @@ def outcome_metrics(groups: list[list[AgentOutcome]]) -> Counter[str]:
         counts["malformed_tool_calls"] += o.record.malformed_tool_calls
         counts["retokenize_mismatches"] += o.record.retokenize_mismatches
         counts["model_turns"] += len(o.record.turns)
+        counts["tool_calls"] += o.record.tool_calls
     return counts
 
 

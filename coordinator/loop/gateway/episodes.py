@@ -93,6 +93,8 @@ class EpisodeRecord:
     """The last call's choices; the one the next call continues is committed then (or choice 0 at the end)."""
     retokenize_mismatches: int = 0
     malformed_tool_calls: int = 0
+    tool_calls: int = 0
+    """Tool calls parsed from the replies the episode continued (or its last)."""
     closed: bool = False
     busy: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held by the call in flight (one at a time)."""
@@ -189,6 +191,7 @@ class EpisodeRecord:
 
     def _commit(self, choice: Choice) -> None:
         c = choice.completion
+        self.tool_calls += len(choice.message.get("tool_calls", ()))
         self.turns.append(TurnRecord(list(self.tokens), list(c.token_ids), list(c.logprobs), c.weight_version,
                                      c.finish_reason))
         self.tokens += c.token_ids
