@@ -213,3 +213,47 @@ def test_an_agent_path_that_does_not_import_is_a_config_error():
         load_config(raw={"env": {"arithmetic": {"agent": {"function": "json.dumps"}}}})
     cfg = load_config(raw={"env": {"arithmetic": {"agent": {"function": f"{__name__}.good", "timeout_s": 3}}}})
     assert cfg.env["arithmetic"].agent.env.fn is good and cfg.service_plan.reward_tasks == ()
+
+
+def test_with_n_choices_the_next_call_continues_the_one_sent_back(served, tok):
+    gateway, server, generator = served([chars(tok, "11"), chars(tok, "22"), chars(tok, "3")])
+    record = gateway.open_episode("t")
+    api = client(server, record.token)
+    messages = [{"role": "user", "content": "1"}]
+    first = api.chat.completions.create(model="m", messages=messages, n=2)
+    assert [c.message.content for c in first.choices] == ["11", "22"]
+    messages += [first.choices[1].message.model_dump(exclude_none=True), {"role": "user", "content": "2"}]
+    api.chat.completions.create(model="m", messages=messages)
+    first_prompt, second_prompt = generator.prompts
+    assert second_prompt[len(first_prompt):len(first_prompt) + 3] == generator.sampled[1]  # choice 1's tokens
+    gateway.close_episode(record.token)
+    assert [t.completion_ids for t in record.turns] == [generator.sampled[1], generator.sampled[2]]
+
+
+def test_a_second_call_while_one_is_in_flight_is_refused(served, tok):
+    import threading
+
+    gateway, server, _ = served([chars(tok, "1")])
+    release = threading.Event()
+    inner = gateway.generate
+
+    def slow(prompt, sampling):
+        release.wait(10)
+        return inner(prompt, sampling)
+
+    gateway.generate = slow
+    record = gateway.open_episode("t")
+    api = client(server, record.token)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(
+        api.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}])))
+    worker.start()
+    deadline = 100
+    while not record.busy.locked() and deadline:
+        deadline -= 1
+        threading.Event().wait(0.05)
+    with pytest.raises(openai.BadRequestError, match="one call at a time"):
+        api.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}])
+    release.set()
+    worker.join(10)
+    assert results and results[0].choices[0].message.content == "1"
