@@ -98,7 +98,7 @@ def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampli
         indices = [i for i, e in enumerate(batch) if e.task == task]
         runner = agent_runner(ctx)
         results = runner.collect(cfg.env[task].agent, [batch[i] for i in indices], sampling.n,
-                                 lambda e: list(e.prompt_ids))
+                                 lambda e: list(e.prompt_ids), version=ctx.publisher.version)
         for i, (prompt, group) in zip(indices, results):
             prompts[i], groups[i] = prompt, group
     multi = multi_turn_tasks(cfg.env) - agents

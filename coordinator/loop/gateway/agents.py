@@ -100,8 +100,11 @@ def outcome_metrics(groups: list[list[AgentOutcome]]) -> Counter[str]:
     return counts
 
 
-def group_episodes(outcomes: list[AgentOutcome], fallback_prompt: list[int], eos_id: int) -> tuple[list[int], list[Episode]]:
-    """One group's (prompt, episodes) for the trainer (see the module docstring)."""
+def group_episodes(outcomes: list[AgentOutcome], fallback_prompt: list[int], eos_id: int,
+                   fallback_version: int = 0) -> tuple[list[int], list[Episode]]:
+    """One group's (prompt, episodes) for the trainer (see the module docstring). An episode with
+    no model turn gets the oldest version of the group's others (else fallback_version), so it
+    never makes its group look stale."""
     prompts = [o.record.tokens[:o.record.prompt_length] for o in outcomes if o.record.turns]
     if not prompts:
         prompt = list(fallback_prompt)
@@ -113,13 +116,15 @@ def group_episodes(outcomes: list[AgentOutcome], fallback_prompt: list[int], eos
             raise ValueError("the agent's episodes of one example share no first prompt token; render a group's "
                              "episodes from the same first messages (or let the chat template write a BOS token)")
         prompt = prompts[0][:shared]
+    sampled = [o.record.weight_version for o in outcomes if o.record.turns]
+    empty_version = min(sampled) if sampled else fallback_version
     episodes = []
     for o in outcomes:
         reward = o.reward if o.reason is None else 0.0
         correct = o.correct and o.reason is None
         if not o.record.turns:
-            episodes.append(Episode(o.record.task, [eos_id], [OBSERVATION_LOGPROB], [0.0], reward, False, "abort", 0,
-                                    0, [], True))
+            episodes.append(Episode(o.record.task, [eos_id], [OBSERVATION_LOGPROB], [0.0], reward, False, "abort",
+                                    empty_version, 0, [], True))
             continue
         episode = o.record.to_episode(reward, correct)
         own = o.record.tokens[len(prompt):o.record.prompt_length]
@@ -150,13 +155,14 @@ class AgentRunner:
             log.info("rollout_gateway", url=server.url)
         return cls(gateway, server, log)
 
-    def collect(self, agent, examples: Sequence[Example], n: int,
-                prompt_of: Callable[[Example], list[int]]) -> list[tuple[list[int], list[Episode]]]:
-        """Per example, the (prompt, episodes) of its n agent episodes; counts go to `counts`."""
+    def collect(self, agent, examples: Sequence[Example], n: int, prompt_of: Callable[[Example], list[int]],
+                version: int = 0) -> list[tuple[list[int], list[Episode]]]:
+        """Per example, the (prompt, episodes) of its n agent episodes; counts go to `counts`.
+        version: the weights being served (the age of an episode that made no model call)."""
         outcomes = run_agents(self.gateway, self.server.url, agent.env.fn, examples, n, timeout_s=agent.timeout_s,
                               max_concurrency=agent.max_concurrency, log=self.log)
         self.counts.update(outcome_metrics(outcomes))
-        return [group_episodes(group, prompt_of(example), self.gateway.tok.eos_token_id)
+        return [group_episodes(group, prompt_of(example), self.gateway.tok.eos_token_id, version)
                 for group, example in zip(outcomes, examples)]
 
     def drain_metrics(self) -> dict[str, float]:

@@ -195,15 +195,18 @@ async def broken(example, client):
 def test_agents_that_raise_or_time_out_end_their_episode_with_a_counted_reason(served, tok):
     gateway, server, _ = served([chars(tok, "1"), chars(tok, "x"), chars(tok, "z")])
     outcomes = run_agents(gateway, server.url, good, _examples(1), 2, timeout_s=5, max_concurrency=2)
-    assert [o.reward for o in outcomes[0]] == [1.0, 0.0]
+    assert sorted(o.reward for o in outcomes[0]) == [0.0, 1.0]  # the calls met the script in either order
     failed = run_agents(gateway, server.url, slow, _examples(1), 1, timeout_s=0.2, max_concurrency=1)
     failed += run_agents(gateway, server.url, broken, _examples(1), 1, timeout_s=5, max_concurrency=1)
     counts = outcome_metrics(failed)
     assert (counts["agent_timeouts"], counts["agent_errors"], counts["no_model_turns"]) == (1, 1, 1)
-    prompt, episodes = group_episodes(outcomes[0] + failed[1], [1, 2], tok.eos_token_id)
+    prompt, episodes = group_episodes(outcomes[0] + failed[1], [1, 2], tok.eos_token_id, 99)
     assert prompt == tok("U:0+1\nA:")["input_ids"][:1] + chars(tok, "U:")  # the shared prefix
-    assert [e.reward for e in episodes] == [1.0, 0.0, 0.0]
+    assert sorted(e.reward for e in episodes) == [0.0, 0.0, 1.0]
     assert all(e.loss_mask[-1] == 1.0 for e in episodes)
+    assert [e.weight_version for e in episodes] == [7, 7, 7]  # the empty one takes its group's age
+    _, (empty,) = group_episodes(failed[0], [1, 2], tok.eos_token_id, 99)
+    assert (empty.token_ids, empty.loss_mask, empty.weight_version) == ([tok.eos_token_id], [0.0], 99)
 
 
 def test_an_agent_path_that_does_not_import_is_a_config_error():
