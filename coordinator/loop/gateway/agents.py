@@ -38,19 +38,22 @@ class AgentOutcome:
 
 
 def run_agents(gateway: RolloutGateway, url: str, fn: Callable, examples: Sequence[Example], n: int, *,
-               timeout_s: float, max_concurrency: int, log=None) -> list[list[AgentOutcome]]:
-    """n episodes of `fn` per example (per example, in sample order); blocks until all ended."""
-    return asyncio.run(_run(gateway, url, fn, examples, n, timeout_s, max_concurrency, log))
+               timeout_s: float, max_concurrency: int, log=None,
+               temperature: float | None = None) -> list[list[AgentOutcome]]:
+    """n episodes of `fn` per example (per example, in sample order); blocks until all ended.
+    temperature: of the calls that leave it unset (validation: 0, greedy)."""
+    return asyncio.run(_run(gateway, url, fn, examples, n, timeout_s, max_concurrency, log, temperature))
 
 
-async def _run(gateway, url, fn, examples, n, timeout_s, max_concurrency, log) -> list[list[AgentOutcome]]:
+async def _run(gateway, url, fn, examples, n, timeout_s, max_concurrency, log,
+               temperature) -> list[list[AgentOutcome]]:
     import openai
 
     limit = asyncio.Semaphore(max_concurrency)
 
     async def one(example: Example) -> AgentOutcome:
         async with limit:
-            record = gateway.open_episode(example.task)
+            record = gateway.open_episode(example.task, temperature)
             outcome = AgentOutcome(record)
             client = openai.AsyncOpenAI(base_url=url, api_key=record.token, max_retries=0, timeout=timeout_s)
             try:
@@ -164,6 +167,12 @@ class AgentRunner:
         self.counts.update(outcome_metrics(outcomes))
         return [group_episodes(group, prompt_of(example), self.gateway.tok.eos_token_id, version)
                 for group, example in zip(outcomes, examples)]
+
+    def evaluate(self, agent, examples: Sequence[Example]) -> list[AgentOutcome]:
+        """One greedy episode per example (validation: calls that leave temperature unset get 0)."""
+        outcomes = run_agents(self.gateway, self.server.url, agent.env.fn, examples, 1, timeout_s=agent.timeout_s,
+                              max_concurrency=agent.max_concurrency, log=self.log, temperature=0.0)
+        return [group[0] for group in outcomes]
 
     def drain_metrics(self) -> dict[str, float]:
         """The counts since the last drain, as step metrics (agent/<name>)."""

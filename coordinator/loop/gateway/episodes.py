@@ -96,6 +96,8 @@ class EpisodeRecord:
     tool_calls: int = 0
     """Tool calls parsed from the replies the episode continued (or its last)."""
     closed: bool = False
+    temperature: float | None = None
+    """The temperature of calls that leave it unset (None: the gateway's default); validation: 0."""
     busy: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held by the call in flight (one at a time)."""
 

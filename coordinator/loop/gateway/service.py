@@ -60,8 +60,10 @@ class RolloutGateway:
 
     # ------------------------------------------------------------------ episodes
 
-    def open_episode(self, task: str) -> EpisodeRecord:
-        record = EpisodeRecord(f"ep-{secrets.token_urlsafe(18)}", task)
+    def open_episode(self, task: str, temperature: float | None = None) -> EpisodeRecord:
+        """A new episode; its token is the API key of its calls. temperature: what its calls that
+        leave temperature unset get (None: the gateway's default)."""
+        record = EpisodeRecord(f"ep-{secrets.token_urlsafe(18)}", task, temperature=temperature)
         with self._lock:
             self._episodes[record.token] = record
         return record
@@ -111,7 +113,7 @@ class RolloutGateway:
                 prompt = record.chat_prompt(self.tok, messages, tools)
             except (EpisodeMismatch, KeyError, ValueError) as exc:
                 raise BadRequest(str(exc)) from None
-            completions = self._sample(prompt, body)
+            completions = self._sample(prompt, body, record)
             choices = record.chat_choices(self.tok, completions)
         self.counters["calls"] += 1
         self.counters["malformed_tool_calls"] += sum(c.malformed for c in choices)
@@ -144,7 +146,7 @@ class RolloutGateway:
                 ids = record.completion_prompt(self.tok, prompt)
             except EpisodeMismatch as exc:
                 raise BadRequest(str(exc)) from None
-            completions = self._sample(ids, body)
+            completions = self._sample(ids, body, record)
             choices = record.completion_choices(self.tok, completions)
         self.counters["calls"] += 1
         out = []
@@ -160,8 +162,9 @@ class RolloutGateway:
                 "model": body.get("model") or self.defaults.model, "choices": out,
                 "prompt_token_ids": ids, "usage": _usage(ids, completions)}
 
-    def _sample(self, prompt: list[int], body: dict) -> list[Completion]:
+    def _sample(self, prompt: list[int], body: dict, record: EpisodeRecord) -> list[Completion]:
         d = self.defaults
+        temperature = d.temperature if record.temperature is None else record.temperature
         room = d.max_total_tokens - len(prompt)
         if room < 1:
             raise BadRequest(f"the episode is out of room: its prompt is {len(prompt)} tokens and an episode holds at "
@@ -170,7 +173,7 @@ class RolloutGateway:
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
         try:
-            sampling = SamplingConfig(n=int(body.get("n") or 1), temperature=_or(body.get("temperature"), d.temperature),
+            sampling = SamplingConfig(n=int(body.get("n") or 1), temperature=_or(body.get("temperature"), temperature),
                                       top_p=_or(body.get("top_p"), d.top_p), max_tokens=min(int(requested), room),
                                       seed=body.get("seed"))
         except (TypeError, ValueError) as exc:

@@ -38,10 +38,11 @@ class Scripted:
     """A generator that answers each call with the next scripted token ids (+EOS); records prompts."""
 
     def __init__(self, tok, replies: list[list[int]]):
-        self.tok, self.replies, self.prompts, self.sampled = tok, list(replies), [], []
+        self.tok, self.replies, self.prompts, self.sampled, self.temperatures = tok, list(replies), [], [], []
 
     def __call__(self, prompt, sampling):
         self.prompts.append(list(prompt))
+        self.temperatures.append(sampling.temperature)
         out = []
         for j in range(sampling.n):
             ids = tuple(self.replies.pop(0)) + (self.tok.eos_token_id,)
@@ -180,7 +181,7 @@ def _examples(n):
 
 async def good(example, client):
     reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": example["prompt"]}])
-    return float(reply.choices[0].message.content == example["answer"]), {"correct": True}
+    return float(reply.choices[0].message.content == example["answer"])
 
 
 async def slow(example, client):
@@ -260,3 +261,20 @@ def test_a_second_call_while_one_is_in_flight_is_refused(served, tok):
     release.set()
     worker.join(10)
     assert results and results[0].choices[0].message.content == "1"
+
+
+def test_validation_runs_agent_tasks_greedily_through_the_gateway(served, tok):
+    from types import SimpleNamespace
+
+    from coordinator.loop.evaluation import validate
+    from coordinator.loop.gateway.agents import AgentRunner
+
+    gateway, server, generator = served([chars(tok, "1"), chars(tok, "3")])
+    cfg = load_config(raw={"env": {"arithmetic": {"agent": {"function": f"{__name__}.good", "max_concurrency": 1}}}})
+    ctx = SimpleNamespace(cfg=cfg, agents=AgentRunner(gateway, server))
+    samples = []
+    result = validate(ctx, [Example("0+1", "1", "arithmetic", (1,)), Example("1+1", "2", "arithmetic", (1,))], 4,
+                      samples=samples)
+    assert result == {"accuracy": 0.5, "reward_mean": 0.5, "num_samples": 2.0}
+    assert generator.temperatures == [0.0, 0.0]  # the agent left temperature unset: greedy
+    assert [s["correct"] for s in samples] == [True, False]
