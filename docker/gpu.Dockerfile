@@ -17,7 +17,8 @@ RUN pip install --no-cache-dir -r requirements/gpu.txt \
  && pip install --no-cache-dir "transformers>=5.16" "tokenizers>=0.23" "safetensors>=0.6" "accelerate>=1.10" \
       "numpy>=2" "grpcio==1.85.1" "grpcio-health-checking==1.85.1" "grpcio-reflection==1.85.1" \
       "protobuf>=7.35,<8" "pydantic>=2.12" "pyyaml>=6" "structlog>=25" "rich>=14" "matplotlib>=3.9" \
-      "tensorboard>=2.18" "math-verify>=0.9" "peft>=0.17" "datasets>=4" \
+      "tensorboard>=2.18" "math-verify>=0.9" "peft>=0.17" "datasets>=4" "fastapi>=0.133,<0.137" "uvicorn>=0.30" \
+      "openai>=2.25" "jsonschema>=4.23" \
  && if ! command -v python >/dev/null; then ln -s "$(command -v python3)" /usr/local/bin/python; fi \
  && python -c "import google.protobuf, megatron.core, torch, vllm" \
  && useradd --create-home --uid 1000 tandem \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from coordinator.config.agents import AgentConfig
 from reward_svc.config import Scorer, ScoringSettings
 
 
@@ -21,6 +22,16 @@ class EnvConfig(ScoringSettings):
     external: bool = False
     """Served by a reward service that someone else starts (the Python API's reward_fn, or one you
     run yourself with --coordinator): local launch starts none for this task and waits for one to register."""
+
+    agent: AgentConfig | None = None
+    """Episodes of this task are an agent's (user code against the OpenAI client, served through the
+    run's rollout gateway; coordinator/loop/gateway/): no reward service is started for the task,
+    the agent's return value is the reward. Unset: the task is scored by its reward service."""
+
+    @property
+    def served_by_agent(self) -> bool:
+        """The task's episodes and rewards come from its agent, not from a reward service."""
+        return self.agent is not None
 
     @model_validator(mode="after")
     def _scorer_settings(self) -> EnvConfig:

@@ -61,7 +61,7 @@ class ExperimentConfig(Section):
         if not self.algorithm.uses_rollouts:
             return ServicePlan(0, 0, ())
         launched = self.cluster.num_generators if self.policy.generation.backend.separate_services else 0
-        return ServicePlan(launched, launched or 1, tuple(self.env))
+        return ServicePlan(launched, launched or 1, tuple(t for t, env in self.env.items() if not env.served_by_agent))
 
     @property
     def placement(self) -> Placement:

@@ -50,6 +50,9 @@ class LoopContext:
     _last_detached: int = 0
     reward_seconds: float = 0.0
     """Time spent in reward service calls so far (a step's reward time is the difference)."""
+    agents: object | None = None
+    """The rollout gateway and agent runner (loop/gateway/agents.py AgentRunner), started by the first
+    agent task's rollout (loop/rollouts.py agent_runner); None until then."""
     stopping: threading.Event = field(default_factory=threading.Event, repr=False)
     """Set while the loop stops (the rollout pipeline's stop): waits for a missing service end (`pause`)."""
 

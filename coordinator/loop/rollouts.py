@@ -27,6 +27,8 @@ import torch
 
 from coordinator.data.examples import Example
 from coordinator.loop import rollout
+from coordinator.loop.gateway.agents import AgentRunner
+from coordinator.loop.gateway.service import GatewayDefaults
 from coordinator.loop.groups import RolloutGroups
 from coordinator.loop.multiturn import Episode, multi_turn_tasks, run_episodes
 from coordinator.loop.pipeline import RolloutPipeline
@@ -51,10 +53,10 @@ def produce_batch(ctx, step: int, num_groups: int) -> tuple[RolloutGroups, dict[
         return rollout_round(ctx, step, round_index, num_prompts)
 
     if not grpo.use_dynamic_sampling:
-        return draw(0, num_groups), {}
+        return draw(0, num_groups), agent_metrics(ctx)
     result = dynamic_sampling(draw, num_groups, batch_multiplier=grpo.batch_multiplier,
                               max_gen_batches=grpo.dynamic_sampling_max_gen_batches)
-    return result.rollouts, result.metrics
+    return result.rollouts, {**result.metrics, **agent_metrics(ctx)}
 
 
 def rollout_round(ctx, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
@@ -80,8 +82,9 @@ def step_sampling(cfg, step: int) -> SamplingConfig:
 
 def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Episode]]:
     """Roll out and score a batch that may mix tasks: single-turn tasks are generated once and
-    scored (Score), multi-turn ones run episodes (Step); per prompt, its n episodes, in the
-    batch's order."""
+    scored (Score), multi-turn ones run episodes (Step), agent tasks run their agent through the
+    rollout gateway (loop/gateway/); per prompt, its n episodes, in the batch's order. An agent
+    task's prompts[i] is replaced by the prompt its episodes share (loop/gateway/agents.py)."""
     cfg = ctx.cfg
 
     def generate(prompt_ids: list[list[int]], params: SamplingConfig) -> list[list[Completion]]:
@@ -89,9 +92,17 @@ def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampli
                                 present=ctx.services.generator_present)
 
     rewards = ctx.rewards()
-    multi = multi_turn_tasks(cfg.env)
     groups: list[list[Episode]] = [[] for _ in batch]
-    single = [i for i, e in enumerate(batch) if e.task not in multi]
+    agents = {task for task, env in cfg.env.items() if env.served_by_agent}
+    for task in sorted(agents & {e.task for e in batch}):
+        indices = [i for i, e in enumerate(batch) if e.task == task]
+        runner = agent_runner(ctx)
+        results = runner.collect(cfg.env[task].agent, [batch[i] for i in indices], sampling.n,
+                                 lambda e: list(e.prompt_ids), version=ctx.publisher.version)
+        for i, (prompt, group) in zip(indices, results):
+            prompts[i], groups[i] = prompt, group
+    multi = multi_turn_tasks(cfg.env) - agents
+    single = [i for i, e in enumerate(batch) if e.task not in multi and e.task not in agents]
     if single:
         completions = generate([prompts[i] for i in single], sampling)
         items = [ScoreItem(batch[i].task, batch[i].prompt, ctx.tokens.decode(c.token_ids), batch[i].answer)
@@ -108,6 +119,31 @@ def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampli
         for i, group in zip(indices, episodes):
             groups[i] = group
     return groups
+
+
+def agent_runner(ctx) -> AgentRunner:
+    """The run's rollout gateway and agent runner, started on first use (it stays up with the
+    loop's context; the policy's samplings settings are its defaults)."""
+    if ctx.agents is None:
+        from transformers import AutoTokenizer
+
+        cfg, gen = ctx.cfg, ctx.cfg.policy.generation
+
+        def generate(prompt_ids: list[int], params: SamplingConfig) -> list[Completion]:
+            return rollout.generate([prompt_ids], params, ctx.generators, ctx.services.generator_failed, ctx.log,
+                                    present=ctx.services.generator_present)[0]
+
+        defaults = GatewayDefaults(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_new_tokens,
+                                   max_total_tokens=min(gen.vllm_cfg.max_model_len, cfg.policy.max_total_sequence_length),
+                                   model=cfg.policy.model_name or "tandem-policy")
+        ctx.agents = AgentRunner.start(AutoTokenizer.from_pretrained(ctx.tokens.source), generate, defaults, ctx.log)
+    return ctx.agents
+
+
+def agent_metrics(ctx) -> dict[str, float]:
+    """The agent tasks' counts since the last step (none without agent tasks)."""
+    agents = getattr(ctx, "agents", None)  # test doubles of the context may have none
+    return agents.drain_metrics() if agents is not None else {}
 
 
 # ---------------------------------------------------------------------- dynamic sampling (DAPO)

@@ -133,6 +133,8 @@ class Run(RunBase):
                 first_step = self._restart_trainer(ctx, train, cluster, exc) + 1
             finally:
                 rollouts.stop()
+                if ctx.agents is not None:
+                    ctx.agents.close()  # the rollout gateway
 
     @property
     def validates(self) -> bool:
