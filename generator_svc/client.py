@@ -21,7 +21,14 @@ from tandem.generation.convert import (
     scores_from_pb,
     source_to_pb,
 )
-from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig, ScoredSequence, SequenceScores
+from tandem.generation.types import (
+    Completion,
+    GeneratorInfo,
+    MemoryKind,
+    SamplingConfig,
+    ScoredSequence,
+    SequenceScores,
+)
 from tandem.rpc import open_channel, rpc_failures
 from tandem.weight_source import WeightSource
 

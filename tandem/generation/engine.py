@@ -20,7 +20,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig, ScoredSequence, SequenceScores
+from tandem.generation.types import (
+    Completion,
+    GeneratorInfo,
+    MemoryKind,
+    SamplingConfig,
+    ScoredSequence,
+    SequenceScores,
+)
 from tandem.weight_source import WeightSource
 
 

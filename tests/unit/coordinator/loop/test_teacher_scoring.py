@@ -59,5 +59,5 @@ def test_a_request_every_teacher_refuses_is_raised():
 
 def test_no_live_teacher_is_a_clear_error():
     with pytest.raises(TeacherError, match="no live distillation teacher"):
-        score_with_teachers(SEQUENCES, lambda: [], lambda h, e: None, structlog.get_logger(), wait_for_teacher_s=0.05,
+        score_with_teachers(SEQUENCES, list, lambda h, e: None, structlog.get_logger(), wait_for_teacher_s=0.05,
                             poll_s=0.01)
