@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--teacher-steps", type=int, default=60)
     parser.add_argument("--val-period", type=int, default=5)
     parser.add_argument("--val-samples", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=42, help="grpo.seed of the two arms (prompt order, sampling)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -65,16 +66,17 @@ def main() -> None:
             "policy.generation.max_new_tokens": 4, **val}
     teacher = _train(RECIPES / "grpo.yaml", args.out, "teacher", **same,
                      **{"grpo.max_num_steps": args.teacher_steps, "grpo.val_period": 0})
-    arm = {**same, "grpo.max_num_steps": args.steps, "grpo.val_period": args.val_period}
-    grpo = _train(RECIPES / "grpo.yaml", args.out, f"grpo-{args.steps}", **arm)
+    arm = {**same, "grpo.max_num_steps": args.steps, "grpo.val_period": args.val_period, "grpo.seed": args.seed}
+    suffix = f"{args.steps}" if args.seed == 42 else f"{args.steps}-seed{args.seed}"
+    grpo = _train(RECIPES / "grpo.yaml", args.out, f"grpo-{suffix}", **arm)
     recipe = yaml.safe_load((RECIPES / "distillation.yaml").read_text())
     recipe["distillation"]["teacher"]["model_name"] = teacher["hf"]
     grpo_recipe = yaml.safe_load((RECIPES / "grpo.yaml").read_text())
     recipe["grpo"], recipe["policy"] = grpo_recipe["grpo"], grpo_recipe["policy"]  # the same sizes and optimizer
-    distill = _train(recipe, args.out, f"distillation-{args.steps}", **arm)
+    distill = _train(recipe, args.out, f"distillation-{suffix}", **arm)
     kl = [round(r["teacher_reverse_kl"], 3) for r in distill["metrics"] if r["phase"] == "grpo"]
     result = {"student_accuracy": student["accuracy_after"], "teacher_accuracy": teacher["accuracy_after"],
-              "steps": args.steps, "grpo": _curve(grpo), "distillation": _curve(distill),
+              "steps": args.steps, "seed": args.seed, "grpo": _curve(grpo), "distillation": _curve(distill),
               "distillation_reverse_kl_first_last": [kl[0], kl[-1]] if kl else None,
               "wall_s": {"grpo": round(grpo["bench_wall_s"], 1), "distillation": round(distill["bench_wall_s"], 1)}}
     print(json.dumps(result))
