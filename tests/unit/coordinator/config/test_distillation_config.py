@@ -79,3 +79,10 @@ def test_the_longest_sequence_must_fit_the_teachers_engine(teacher):
     check_teacher_length(cfg, 59)  # 59 + 4 new + 1 = 64: fits
     with pytest.raises(ConfigError, match=r"longest prompt \(60 tokens\) \+ policy.generation.max_new_tokens \+ 1 = 65"):
         check_teacher_length(cfg, 60)
+
+
+def test_slurm_refuses_a_distillation_run_it_cannot_place(teacher):
+    from coordinator.launch import slurm
+
+    with pytest.raises(slurm.SlurmPlanError, match="does not place teacher services yet"):
+        slurm.plan(_load(f"distillation.teacher.model_name={teacher}"))
