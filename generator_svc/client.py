@@ -17,9 +17,18 @@ from tandem.generation.convert import (
     memory_from_pb,
     memory_to_pb,
     sampling_to_pb,
+    scored_to_pb,
+    scores_from_pb,
     source_to_pb,
 )
-from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
+from tandem.generation.types import (
+    Completion,
+    GeneratorInfo,
+    MemoryKind,
+    SamplingConfig,
+    ScoredSequence,
+    SequenceScores,
+)
 from tandem.rpc import open_channel, rpc_failures
 from tandem.weight_source import WeightSource
 
@@ -48,6 +57,14 @@ class GeneratorClient:
                 yield completion_from_pb(msg)
         finally:
             stream.cancel()  # no-op once finished; aborts the generator's work if the caller stops early
+
+    @rpc_failures
+    def score(self, sequences: Sequence[ScoredSequence], top_k: int = 0, request_id: str = "",
+              timeout_s: float = 600.0) -> list[SequenceScores]:
+        """A teacher's logprobs of each sequence's completion tokens (and top_k per position); in order."""
+        request = pb.ScoreTokensRequest(sequences=[scored_to_pb(s) for s in sequences], top_k=top_k,
+                                        request_id=request_id)
+        return [scores_from_pb(s) for s in self._stub.ScoreTokens(request, timeout=timeout_s).scores]
 
     @rpc_failures
     def load_weights(self, source: WeightSource, version: int, timeout_s: float = 300.0) -> int:

@@ -135,6 +135,9 @@ class GeneratorSettings(VllmSettings):
     """With in_flight_weight_updates: the frozen requests' KV cache is dropped and recomputed under
     the new weights. Off: they keep the old weights' KV, and prefix caching is disabled so that no
     new request reuses KV computed by old weights."""
+    teacher: bool = False
+    """Serve a distillation teacher: announce as kind teacher (scored by the coordinator, never in
+    the policy's rotation) and refuse weight updates."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
     drain_timeout_s: float = Field(60.0, ge=0)

@@ -51,7 +51,8 @@ async def serve(settings: GeneratorSettings, args: argparse.Namespace, token: st
         if servicer.engine is not None:
             await servicer.engine.drain(settings.drain_timeout_s)
 
-    announcement = Announcement(kind=ServiceKind.GENERATOR, address=f"{args.advertise_host or args.host}:{running.port}",
+    kind = ServiceKind.TEACHER if settings.teacher else ServiceKind.GENERATOR
+    announcement = Announcement(kind=kind, address=f"{args.advertise_host or args.host}:{running.port}",
                                 capacity=settings.max_num_seqs)
     return await service.serve(running, args, announcement, lambda: _load(servicer.engine), log,
                                on_stop=close_engine, ready=load_engine, drain=drain_engine,

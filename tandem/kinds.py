@@ -18,8 +18,11 @@ class ServiceKind(StrEnum):
     """Samples rollouts from the policy's weights."""
     REWARD = "reward"
     """Scores completions for the tasks it names."""
+    TEACHER = "teacher"
+    """A generator service serving a distillation teacher: scores the policy's tokens under its own
+    fixed weights; never in the policy's rotation, never sent weights."""
 
     @property
     def holds_weights(self) -> bool:
         """Whether the member serves a version of the policy's weights (a trainer or a generator)."""
-        return self is not ServiceKind.REWARD
+        return self in (ServiceKind.TRAINER, ServiceKind.GENERATOR)

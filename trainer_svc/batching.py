@@ -28,7 +28,8 @@ import torch
 from trainer_svc.types import Sample
 
 
-def validate_samples(samples: Sequence[Sample], vocab_size: int, *, need_generation_logprobs: bool) -> None:
+def validate_samples(samples: Sequence[Sample], vocab_size: int, *, need_generation_logprobs: bool,
+                     need_teacher_logprobs: bool = False) -> None:
     """Raise ValueError naming the first malformed sample."""
     if not samples:
         raise ValueError("the batch has no samples")
@@ -47,6 +48,11 @@ def validate_samples(samples: Sequence[Sample], vocab_size: int, *, need_generat
                              f"for {n} completion tokens")
         if need_generation_logprobs and not s.generation_logprobs:
             raise ValueError(f"sample {i}: the GRPO loss needs generation_logprobs for every completion token")
+        if s.teacher_logprobs and len(s.teacher_logprobs) != n:
+            raise ValueError(f"sample {i}: teacher_logprobs has {len(s.teacher_logprobs)} entries "
+                             f"for {n} completion tokens")
+        if need_teacher_logprobs and not s.teacher_logprobs:
+            raise ValueError(f"sample {i}: the distillation loss needs teacher_logprobs for every completion token")
 
 
 def validate_train_layout(num_samples: int, global_batch_size: int, micro_batch_size: int, world_size: int) -> None:
@@ -108,6 +114,8 @@ class MicroBatch:
     prompt_lengths: tuple[int, ...]
     lengths: tuple[int, ...]
     packed: PackedRow | None = None
+    teacher_logprobs: torch.Tensor | None = None
+    """A distillation teacher's logprobs of the tokens (None: no sample carries them)."""
 
 
 def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> MicroBatch:
@@ -117,6 +125,7 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Mic
     mask = torch.zeros(len(samples), width - 1)
     advantages = torch.zeros(len(samples), width - 1)
     generation = torch.zeros(len(samples), width - 1)
+    teacher = torch.zeros(len(samples), width - 1) if any(s.teacher_logprobs for s in samples) else None
     for i, s in enumerate(samples):
         n, start = s.completion_length, s.prompt_length - 1
         ids[i, :len(s.token_ids)] = torch.as_tensor(list(s.token_ids), dtype=torch.long)
@@ -124,8 +133,11 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Mic
         advantages[i, start:start + n] = float(s.advantage)
         if s.generation_logprobs:
             generation[i, start:start + n] = torch.as_tensor(list(s.generation_logprobs), dtype=torch.float32)
+        if teacher is not None and s.teacher_logprobs:
+            teacher[i, start:start + n] = torch.as_tensor(list(s.teacher_logprobs), dtype=torch.float32)
     return MicroBatch(ids.to(device), mask.to(device), advantages.to(device), generation.to(device),
-                      tuple(s.prompt_length for s in samples), tuple(len(s.token_ids) for s in samples))
+                      tuple(s.prompt_length for s in samples), tuple(len(s.token_ids) for s in samples),
+                      teacher_logprobs=None if teacher is None else teacher.to(device))
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -157,7 +169,7 @@ def pack(samples: Sequence[Sample], pad_id: int, device: torch.device) -> MicroB
     mask[0].index_put_((columns.flatten(),), batch.mask.cpu().flatten(), accumulate=True)
     packed = PackedRow(ids[None].to(device), positions[None].to(device), columns.to(device), mask.to(device))
     return MicroBatch(batch.input_ids, batch.mask, batch.advantages, batch.generation_logprobs,
-                      batch.prompt_lengths, batch.lengths, packed)
+                      batch.prompt_lengths, batch.lengths, packed, batch.teacher_logprobs)
 
 
 def unpack_logprobs(packed_logprobs: torch.Tensor, packed: PackedRow) -> torch.Tensor:

@@ -30,7 +30,8 @@ from trainer_svc.types import (
 
 def _sample_pb(s: Sample) -> pb.Sample:
     return pb.Sample(token_ids=list(s.token_ids), prompt_length=s.prompt_length, loss_mask=list(s.loss_mask or ()),
-                     generation_logprobs=list(s.generation_logprobs or ()), advantage=s.advantage)
+                     generation_logprobs=list(s.generation_logprobs or ()), advantage=s.advantage,
+                     teacher_logprobs=list(s.teacher_logprobs or ()))
 
 
 def _train_request(loss: LossConfig, **fields) -> pb.TrainStepRequest:

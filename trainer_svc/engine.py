@@ -155,7 +155,8 @@ class TrainerEngine:
             raise ValueError(f"a reward model trains only with {names}, and that loss only a reward model: "
                              f"got {type(loss).__name__} for a trainer with reward_model_cfg.enabled="
                              f"{str(self._reward_model).lower()}")
-        validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=kind.needs_generation_logprobs)
+        validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=kind.needs_generation_logprobs,
+                         need_teacher_logprobs=kind.needs_teacher_logprobs)
         validate_train_layout(len(samples), global_batch_size, micro_batch_size, self._backend.world_size)
         if kind.paired:
             validate_pairs(samples, global_batch_size, micro_batch_size, self._backend.world_size)

@@ -60,6 +60,11 @@ class TrainerGenerationEngine:
                 raise ValueError(f"prompt {i} ({len(prompt)} tokens) + max_tokens ({sampling.max_tokens}) exceeds "
                                  f"max_model_len {self._max_model_len}")
 
+    async def score(self, sequences: Sequence, top_k: int = 0, request_id: str = "") -> list:
+        """Not served here: a distillation teacher is a generator service of its own."""
+        raise FailedPrecondition("the trainer's own generation does not score tokens; a distillation teacher is a "
+                                 "generator service (distillation.teacher)")
+
     async def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
                        request_id: str = "") -> AsyncIterator[Completion]:
         if self._closed:

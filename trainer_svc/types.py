@@ -28,6 +28,8 @@ class Sample:
     generation_logprobs: one per completion token, the logprob under the generator that
         sampled it; required by the GRPO loss, unused by NLL.
     advantage: applied to every completion token of the sample (GRPO).
+    teacher_logprobs: one per completion token, the logprob under a distillation teacher
+        (the distillation loss needs them; others ignore them).
     """
 
     token_ids: Sequence[int]
@@ -35,6 +37,7 @@ class Sample:
     loss_mask: Sequence[float] | None = None
     generation_logprobs: Sequence[float] | None = None
     advantage: float = 0.0
+    teacher_logprobs: Sequence[float] | None = None
 
     @property
     def completion_length(self) -> int:
@@ -117,6 +120,24 @@ class GrpoLossConfig(LossConfig):
         return self
 
 
+class DistillationLossConfig(LossConfig):
+    """On-policy distillation (`trainer_svc.losses.distillation` states the formula): the student's
+    sampled tokens are scored by a teacher, and each token's advantage is
+    task_reward_coef * A - kl_penalty_coef * (student logprob - teacher logprob), the sampled-token
+    estimate of the reverse KL to the teacher; the clipped policy-gradient loss of GRPO trains on it."""
+
+    kl_penalty_coef: float = Field(1.0, gt=0)
+    """Weight of the per-token reverse KL to the teacher in each token's advantage."""
+    task_reward_coef: float = Field(0.0, ge=0)
+    """Weight of the sample's task-reward advantage (the GRPO estimator's); 0: pure distillation."""
+    ratio_clip_min: float = Field(0.2, ge=0)
+    """Lower clip of the ratio to the previous policy: 1 - ratio_clip_min."""
+    ratio_clip_max: float = Field(0.2, ge=0)
+    """Upper clip of the ratio to the previous policy: 1 + ratio_clip_max."""
+    use_importance_sampling_correction: bool = True
+    """Weight each token by exp(previous - generation logprob), as the GRPO loss does."""
+
+
 class NllLossConfig(LossConfig):
     """Token-mean negative log-likelihood of the masked completion tokens (SFT)."""
 
@@ -167,6 +188,8 @@ class LossKind:
     """Samples come in preference pairs: samples[2k] (chosen) is preferred to samples[2k + 1] (rejected)."""
     needs_generation_logprobs: bool = False
     """Every sample carries the generator's logprobs of its completion."""
+    needs_teacher_logprobs: bool = False
+    """Every sample carries a teacher's logprobs of its completion (distillation)."""
     reward_model: bool = False
     """Trains a scalar-head reward model, and a reward model (reward_model_cfg.enabled) trains with no other loss."""
 
@@ -177,6 +200,8 @@ LOSSES: tuple[LossKind, ...] = (
     LossKind("dpo", DpoLossConfig, "trainer_svc.losses.preference:build_dpo", paired=True),
     LossKind("bradley_terry", BradleyTerryLossConfig, "trainer_svc.losses.preference:build_bradley_terry",
              paired=True, reward_model=True),
+    LossKind("distillation", DistillationLossConfig, "trainer_svc.losses.distillation:build",
+             needs_generation_logprobs=True, needs_teacher_logprobs=True),
 )
 """Every loss the trainer trains with."""
 

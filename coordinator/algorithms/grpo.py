@@ -4,6 +4,7 @@
     for step in first..last:                                          train_grpo
         rollouts   = the step's prompt groups, sampled and scored      loop/rollouts.py via loop/pipeline.py
         samples    = rewards -> shaping, KL -> advantages, loss masks  prepare_samples
+        teacher    = a distillation teacher's logprobs of the samples  algorithms/distillation.py (distillation runs)
         train      = one TrainStep on the trainer service              trainer_svc
         publish    = the new weights to the generators                 loop/context.py
         validate / checkpoint when their period comes                  the run (run/grpo_run.py)
@@ -35,6 +36,7 @@ from typing import Protocol
 import torch
 
 from coordinator.algorithms.dapo import loss_token_counts, overlong_loss_masks, overlong_penalties
+from coordinator.algorithms.distillation import teacher_scored
 from coordinator.loop.advantages import build_advantage_fn, kl_penalized_rewards
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import check_drift
@@ -43,7 +45,7 @@ from coordinator.loop.pipeline import RolloutPipeline
 from coordinator.loop.rollouts import rollout_pipeline
 from coordinator.loop.scoring import per_task_metrics
 from tandem.kl import kl_estimate
-from trainer_svc.types import Sample
+from trainer_svc.types import LossConfig, Sample
 
 
 class StepRecorder(Protocol):
@@ -103,8 +105,12 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
     ctx.release_generators()  # no generation from here to the publish (colocated GPU generators sleep)
     with timings("advantages"):
         samples, advantage_metrics = prepare_samples(ctx, batch.rollouts)
+    if cfg.distillation is not None:  # the teacher scores the samples (algorithms/distillation.py)
+        with timings("teacher"):
+            samples, teacher_metrics = teacher_scored(ctx, samples)
+        advantage_metrics.update(teacher_metrics)
     with timings("train"):
-        result = ctx.services.trainer.train_step(samples, cfg.loss_fn.trainer_loss(),
+        result = ctx.services.trainer.train_step(samples, trainer_loss(ctx),
                                                  global_batch_size=cfg.policy.train_global_batch_size,
                                                  micro_batch_size=cfg.policy.train_micro_batch_size)
     with timings("publish"):
@@ -113,6 +119,12 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
                "weight_version": float(version), **timings.metrics}
     check_drift(ctx, step, metrics, batch.rollouts.prompts)  # stops a run whose generators drifted from the trainer
     return metrics
+
+
+def trainer_loss(ctx: LoopContext) -> LossConfig:
+    """The loss the trainer trains the rollouts with: distillation's when the run distills, else loss_fn's."""
+    distillation = ctx.cfg.distillation
+    return distillation.trainer_loss() if distillation is not None else ctx.cfg.loss_fn.trainer_loss()
 
 
 def publish(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None) -> int:

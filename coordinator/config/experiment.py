@@ -13,6 +13,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from coordinator.config.algorithms import GRPOConfig, LossConfig, SFTConfig
 from coordinator.config.data import DataConfig
 from coordinator.config.defaults import check_length_keys, derived_defaults
+from coordinator.config.distillation import DistillationConfig
 from coordinator.config.env import EnvConfig
 from coordinator.config.placement import Placement, place
 from coordinator.config.policy import PolicyConfig
@@ -35,6 +36,9 @@ class ServicePlan:
     """Generators that must be live: the generator services, or the trainer's own one."""
     reward_tasks: tuple[str, ...]
     """The env.<task>s whose reward services must be live (none without rollouts), in config order."""
+    teacher_services: int = 0
+    """Distillation teacher services (generator services serving distillation.teacher) launched
+    (local) or waited for (external); none unless the run distills."""
 
 
 class ExperimentConfig(Section):
@@ -51,6 +55,9 @@ class ExperimentConfig(Section):
     """DPO on preference pairs (coordinator/config/preference.py); its presence makes the run DPO."""
     rm: RMConfig | None = None
     """Reward-model training on preference pairs; its presence makes the run RM."""
+    distillation: DistillationConfig | None = None
+    """On-policy distillation from a teacher (coordinator/config/distillation.py); its presence makes
+    the run a distillation run (the rollout loop of grpo.*, trained with distillation.*'s loss)."""
     algorithm: Algorithm | None = Field(None, exclude=True)
     """Resolved from the dpo / rm sections at load; not a key to set."""
     _derived: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -61,7 +68,9 @@ class ExperimentConfig(Section):
         if not self.algorithm.uses_rollouts:
             return ServicePlan(0, 0, ())
         launched = self.cluster.num_generators if self.policy.generation.backend.separate_services else 0
-        return ServicePlan(launched, launched or 1, tuple(t for t, env in self.env.items() if not env.served_by_agent))
+        teachers = self.distillation.teacher.num_generators if self.distillation is not None else 0
+        return ServicePlan(launched, launched or 1, tuple(t for t, env in self.env.items() if not env.served_by_agent),
+                           teachers)
 
     @property
     def placement(self) -> Placement:
@@ -104,7 +113,8 @@ class ExperimentConfig(Section):
         if self.algorithm is not None:
             raise ValueError("algorithm is derived from the dpo / rm sections; remove it")
         object.__setattr__(self, "algorithm", resolve_algorithm(self.dpo, self.rm, self.policy.reward_model_cfg,
-                                                                self.data.dataset_name))
+                                                                self.data.dataset_name,
+                                                                distillation=self.distillation is not None))
         if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
                              f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
@@ -192,4 +202,24 @@ class ExperimentConfig(Section):
             raise ValueError(f"grpo.reward_shaping.overlong_buffer_length ({shaping.overlong_buffer_length}) must not "
                              f"exceed the completion budget ({budget}, grpo.reward_shaping.max_response_length or "
                              "policy.generation.max_new_tokens)")
+        return self
+
+    @model_validator(mode="after")
+    def _distillation_consistent(self) -> ExperimentConfig:
+        distillation = self.distillation
+        if distillation is None:
+            return self
+        if self.loss_fn.use_kl_in_reward or self.loss_fn.reference_policy_kl_penalty > 0:
+            raise ValueError("a distillation run trains with distillation.*'s loss, which has no KL to a reference "
+                             "policy: remove loss_fn.use_kl_in_reward and loss_fn.reference_policy_kl_penalty (the "
+                             "KL to the teacher is distillation.kl_penalty_coef)")
+        if self.cluster.gpus_per_node and self.cluster.launch.starts_services:
+            raise ValueError("distillation teachers are launched on CPU nodes only for now: on GPUs start them "
+                             "yourself (python -m generator_svc with teacher: true in its settings) and set "
+                             "cluster.launch: external")
+        teacher_len = distillation.teacher_vllm(self.policy.generation.vllm_cfg).max_model_len
+        new = self.policy.generation.max_new_tokens
+        if teacher_len < new + 2:  # a prompt of at least one token, the completion and vLLM's one more
+            raise ValueError(f"distillation.teacher.vllm_cfg.max_model_len ({teacher_len}) cannot hold a prompt, "
+                             f"policy.generation.max_new_tokens ({new}) and one more token: raise it")
         return self

@@ -29,11 +29,13 @@ class Algorithm(str, Enum):
     """Direct preference optimisation on pairs (dpo.*); the trainer only."""
     RM = "rm"
     """Bradley-Terry reward-model training on pairs (rm.*); the trainer only."""
+    DISTILLATION = "distillation"
+    """On-policy distillation (distillation.*): the rollout loop, with a teacher scoring the samples."""
 
     @property
     def uses_rollouts(self) -> bool:
         """Whether the run needs generators and reward services."""
-        return self is Algorithm.GRPO
+        return self in (Algorithm.GRPO, Algorithm.DISTILLATION)
 
 
 class DPOConfig(DpoLossConfig):
@@ -71,11 +73,12 @@ class RMConfig(Section):
 
 
 def resolve_algorithm(dpo: DPOConfig | None, rm: RMConfig | None, reward_model: RewardModelTrainingSettings,
-                      dataset_name: DatasetName) -> Algorithm:
+                      dataset_name: DatasetName, *, distillation: bool = False) -> Algorithm:
     """The run's algorithm from its sections; ValueError naming the keys to change."""
-    if dpo is not None and rm is not None:
-        raise ValueError("a config holds a dpo section or an rm section, not both: remove one")
-    algorithm = Algorithm.DPO if dpo is not None else Algorithm.RM if rm is not None else Algorithm.GRPO
+    if sum((dpo is not None, rm is not None, distillation)) > 1:
+        raise ValueError("a config holds at most one of the dpo, rm and distillation sections: remove the others")
+    algorithm = (Algorithm.DPO if dpo is not None else Algorithm.RM if rm is not None
+                 else Algorithm.DISTILLATION if distillation else Algorithm.GRPO)
     if reward_model.enabled != (algorithm is Algorithm.RM):
         raise ValueError("policy.reward_model_cfg.enabled must be true exactly when the config has an rm section "
                          "(reward-model training): set both or neither")
@@ -84,5 +87,5 @@ def resolve_algorithm(dpo: DPOConfig | None, rm: RMConfig | None, reward_model: 
                          "arithmetic_preference (the embedded toy pairs) or jsonl (prompt/chosen/rejected rows)")
     if algorithm.uses_rollouts and not dataset_name.holds_prompts:
         raise ValueError("data.dataset_name arithmetic_preference holds preference pairs, for a dpo or rm run; "
-                         "use arithmetic or jsonl for GRPO/SFT")
+                         "use arithmetic or jsonl for GRPO/SFT/distillation")
     return algorithm

@@ -167,6 +167,8 @@ class LocalCluster:
             plan = self.cfg.service_plan
             if plan.generator_services:
                 needs["a generator"] = Need(ServiceKind.GENERATOR)
+            if plan.teacher_services:
+                needs["a distillation teacher"] = Need(ServiceKind.TEACHER)
             needs.update({f"the reward service of task {task!r}": Need(ServiceKind.REWARD, task)
                           for task in plan.reward_tasks})
         return needs

@@ -92,6 +92,10 @@ def plan(cfg: ExperimentConfig) -> Layout:
     if generation.colocated.enabled:
         raise SlurmPlanError("policy.generation.colocated.enabled: colocated generators share the trainer's devices "
                              "on one host; `tandem slurm` places dedicated generators: set it to false")
+    if cfg.distillation is not None:
+        raise SlurmPlanError("distillation: `tandem slurm` does not place teacher services yet; start them as "
+                             "generator services with teacher: true in their settings (they register with the "
+                             "coordinator) and run with cluster.launch: external")
     if cluster.gpus_per_node:
         if cluster.trainer_ranks != cluster.num_nodes * cluster.gpus_per_node:
             raise SlurmPlanError(f"cluster.trainer_ranks ({cluster.trainer_ranks}) must be cluster.num_nodes x "

@@ -50,6 +50,20 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
                                  cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates))
 
 
+def teacher_settings(cfg: ExperimentConfig, index: int, scratch: Path) -> GeneratorSettings:
+    """A distillation teacher's generator settings: distillation.teacher's model, dtype and vLLM
+    settings (coordinator/config/distillation.py), announced as a teacher (never sent weights)."""
+    distillation = cfg.distillation
+    assert distillation is not None and distillation.teacher.model_name is not None
+    teacher = distillation.teacher
+    vllm = distillation.teacher_vllm(cfg.policy.generation.vllm_cfg)
+    return GeneratorSettings(**vllm.model_dump(exclude={"gpu_memory_utilization", "enforce_eager"}),
+                             enforce_eager=True if vllm.enforce_eager is None else vllm.enforce_eager,
+                             model_name=teacher.model_name, dtype=teacher.precision or cfg.policy.precision,
+                             seed=cfg.grpo.seed + 1000 + index, scratch_dir=scratch, cache_dir=cache_root() / "vllm",
+                             teacher=True)
+
+
 def enforce_eager(cfg: ExperimentConfig) -> bool:
     """vllm_cfg.enforce_eager, else eager on CPU nodes only: on GPUs vLLM's torch.compile and CUDA
     graphs are its speed (cluster.gpus_per_node says which kind the generators run on)."""
@@ -128,6 +142,12 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
                                    env=threads.env(ServiceKind.GENERATOR) | placement.generator_env(index),
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
+    for index in range(plan.teacher_services):
+        name = f"teacher-{index}"
+        settings = teacher_settings(cfg, index, scratch_root(run_dir) / name)
+        launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
+                                   env=threads.env(ServiceKind.TEACHER),
+                                   essential=False))  # its sequences go to the other teachers (loop/teacher.py)
     for task in (t for t in plan.reward_tasks if not cfg.env[t].external):  # external: someone else serves it
         name = f"reward-{task}"
         launcher.start(ServiceSpec(name, python_module("reward_svc", "--settings",
@@ -146,7 +166,7 @@ class ServiceThreads:
 
     def env(self, kind: ServiceKind) -> dict[str, str]:
         threads = {ServiceKind.TRAINER: self.trainer_rank, ServiceKind.GENERATOR: self.generator,
-                   ServiceKind.REWARD: self.reward}[kind]
+                   ServiceKind.TEACHER: self.generator, ServiceKind.REWARD: self.reward}[kind]
         return {"OMP_NUM_THREADS": str(threads)}
 
 
@@ -165,7 +185,8 @@ def service_threads(cfg: ExperimentConfig, cores: int | None = None) -> ServiceT
 
 def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
     """Predicate over live members: the trainer, every generator (the trainer's own, with
-    policy.generation.backend megatron) and every task's reward service; trainer_only: the trainer."""
+    policy.generation.backend megatron), every distillation teacher and every task's reward
+    service; trainer_only: the trainer."""
     plan = cfg.service_plan
 
     def ready(members: list[Member]) -> bool:
@@ -174,5 +195,5 @@ def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
         if trainer_only:
             return ServiceKind.TRAINER in kinds
         return (ServiceKind.TRAINER in kinds and kinds.count(ServiceKind.GENERATOR) >= plan.generators
-                and set(plan.reward_tasks) <= tasks)
+                and kinds.count(ServiceKind.TEACHER) >= plan.teacher_services and set(plan.reward_tasks) <= tasks)
     return ready

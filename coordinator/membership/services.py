@@ -52,6 +52,11 @@ class Services:
         return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity, m.shares_trainer_weights)
                 for m in self._registry.live(ServiceKind.GENERATOR)]
 
+    def teachers(self) -> list[GeneratorHandle]:
+        """Every live distillation teacher (a generator service serving the teacher's fixed weights)."""
+        return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity)
+                for m in self._registry.live(ServiceKind.TEACHER)]
+
     def forget(self, member_id: str) -> None:
         """Close the cached client of a member that is gone."""
         client = self._clients.pop(member_id, None)

@@ -5,7 +5,7 @@ reported on its own line: coordinator/cli/dry_run.py):
     machine    the directories the run writes, the memory its generators reserve (machine.py),
                and the data files the config names exist
     model      the model's files (model_files.py), the checkpoint against the config (model.py),
-               a reward model's files
+               a reward model's files, a distillation teacher's files and tokenizer (teacher.py)
     data       every row of the train and val files (data.py), each row's task against the env
                sections, the tokenizer against the model's vocabulary, every prompt's length
                against the generators and the trainer (lengths.py)
@@ -40,6 +40,7 @@ from coordinator.preflight.lengths import check_lengths, measure_embedded_task, 
 from coordinator.preflight.machine import check_machine
 from coordinator.preflight.model import check_model, check_vocab
 from coordinator.preflight.model_files import check_model_dir
+from coordinator.preflight.teacher import check_teacher, check_teacher_length
 
 
 def check_inputs(cfg: ExperimentConfig, console: Console | None = None) -> tuple[str, Path, Path | None]:
@@ -87,15 +88,16 @@ class Preflight:
     def model(self) -> str:
         cfg = self.cfg
         self.model_dir = prepare_model(cfg) if self.build else _built_model(cfg)
+        teacher = "; " + check_teacher(cfg, cfg.policy.model_name and self.model_dir) if cfg.distillation else ""
         if self.model_dir is None:
-            return "the embedded tiny model (built on the first run)"
+            return "the embedded tiny model (built on the first run)" + teacher
         check_model_dir(self.model_dir, "policy.model_name" if cfg.policy.model_name else "the embedded model's cache")
         for task, env in cfg.env.items():
             if env.scorer.needs_model and env.reward_model.model_name is not None:
                 check_model_dir(env.reward_model.model_name, f"env.{task}.reward_model.model_name")
         self.model_config = check_model(cfg)
         config = self.model_config or json.loads((Path(self.model_dir) / "config.json").read_text())
-        return f"{self.model_dir}: {', '.join(config.get('architectures', ['?']))}"
+        return f"{self.model_dir}: {', '.join(config.get('architectures', ['?']))}" + teacher
 
     def data(self) -> str:
         cfg, data = self.cfg, self.cfg.data
@@ -124,6 +126,8 @@ class Preflight:
 
     def _lengths(self, report) -> str:
         warning = check_lengths(self.cfg, report)
+        if self.cfg.distillation is not None:
+            check_teacher_length(self.cfg, report.longest)
         if warning:
             self.warnings.append(warning)
         new = self.cfg.policy.generation.max_new_tokens

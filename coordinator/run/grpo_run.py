@@ -101,7 +101,8 @@ class Run(RunBase):
             self._grpo(ctx, train, cluster, first_step=resumed.step + 1 if resumed else 1)
         accuracy_end = self.validate(ctx, cfg.grpo.max_num_steps) if val else None
         self._stop_clock("grpo_s", clock)
-        summary.update(accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps, sft_steps=self.sft_steps,
+        summary.update(algorithm=cfg.algorithm.value, accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps,
+                       sft_steps=self.sft_steps,
                        samples=cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt,
                        weight_version=ctx.publisher.version)
         exported = export_hf(ctx.services.trainer, self.run_dir / "hf", self.log)  # the trained model, for anyone

@@ -50,9 +50,16 @@ from typing import Any
 from generator_svc.config import GeneratorSettings
 from generator_svc.engines.gate import SwapGate
 from generator_svc.engines.sleep import SleepState, memory_args
-from generator_svc.engines.vllm_outputs import to_completion
+from generator_svc.engines.vllm_outputs import sequence_scores, to_completion
 from generator_svc.worker_extension import APPLY, PREPARE_PIPELINE, STAGE
-from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
+from tandem.generation.types import (
+    Completion,
+    GeneratorInfo,
+    MemoryKind,
+    SamplingConfig,
+    ScoredSequence,
+    SequenceScores,
+)
 from tandem.rpc import FailedPrecondition
 from tandem.weight_source import CollectiveSource, WeightSource, source_to_json
 
@@ -198,7 +205,61 @@ class VllmEngine:
         return [to_completion(output, prompt_index, first_sample + output.index, self._version)
                 for output in final.outputs]
 
+    async def score(self, sequences: Sequence[ScoredSequence], top_k: int = 0,
+                    request_id: str = "") -> list[SequenceScores]:
+        """Each sequence as one vLLM request whose prompt is the whole sequence, asking for its
+        prompt logprobs (and top_k per position) and one throwaway sampled token."""
+        if self._draining:
+            raise ConnectionError("this generator is leaving (told to stop): send the request to another one")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        async with self._gate.call():
+            self._check_serving()
+            self._check_scored(sequences)
+            tag = f"{request_id or 'score'}-{uuid.uuid4().hex[:8]}"
+            tasks = [asyncio.create_task(self._score_one(s, i, top_k, f"{tag}-{i}")) for i, s in enumerate(sequences)]
+            try:
+                return list(await asyncio.gather(*tasks))
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _check_scored(self, sequences: Sequence[ScoredSequence]) -> None:
+        """vLLM needs room for the throwaway sampled token: a scored sequence has at most max_model_len - 1 tokens."""
+        limit = self._settings.max_model_len - 1
+        if len(sequences) > MAX_SAMPLES_PER_REQUEST:
+            raise ValueError(f"{len(sequences)} sequences is more than {MAX_SAMPLES_PER_REQUEST} in one request; split it")
+        for i, sequence in enumerate(sequences):
+            if len(sequence.token_ids) > limit:
+                raise ValueError(f"sequence {i} has {len(sequence.token_ids)} tokens; scoring takes at most "
+                                 f"max_model_len - 1 = {limit}")
+            if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in sequence.token_ids):
+                bad = next(t for t in sequence.token_ids if not 0 <= t < self.vocab_size)
+                raise ValueError(f"sequence {i} holds token id {bad}, outside the vocabulary (0..{self.vocab_size - 1})")
+
+    async def _score_one(self, sequence: ScoredSequence, index: int, top_k: int, request_id: str) -> SequenceScores:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=top_k, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        self._num_running += 1
+        final = None
+        try:
+            async for output in self._llm.generate({"prompt_token_ids": list(sequence.token_ids)}, params, request_id):
+                final = output
+        except VLLMClientError as exc:
+            raise ValueError(f"sequence {index}: {exc}") from exc
+        finally:
+            self._num_running -= 1
+        assert final is not None and final.finished, f"vLLM request {request_id} ended without its final output"
+        return sequence_scores(sequence.token_ids, sequence.prompt_length, final.prompt_logprobs, top_k)
+
     async def load_weights(self, source: WeightSource, version: int) -> int:
+        if self._settings.teacher:
+            raise FailedPrecondition("this generator serves a distillation teacher: its weights never change")
         log = self._log.bind(weight_version=version, source=type(source).__name__)
         # Shielded: a caller that gives up (deadline) must not interrupt a swap half-way.
         return await asyncio.shield(self._swap(version, log, lambda: self._stage(source, version, log)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from tandem.generation.types import Completion, FinishReason
+from tandem.generation.types import Completion, FinishReason, SequenceScores
 
 # "repetition" is a stop condition vLLM detects itself (not enabled by Tandem); "error" is
 # a request-level engine failure: the sample is unusable, like an aborted one.
@@ -69,3 +69,21 @@ def to_completion(output: Any, prompt_index: int, sample_index: int, current_ver
         finish_reason=finish_reason_from_vllm(output.finish_reason),
         weight_version=weight_version_of(getattr(output, "weight_versions", None), current_version),
     )
+
+
+def sequence_scores(token_ids: Sequence[int], prompt_length: int, prompt_logprobs: Sequence[Mapping[int, Any] | None] | None,
+                    top_k: int) -> SequenceScores:
+    """A teacher's scores from vLLM's `prompt_logprobs` of the whole sequence (sent as the prompt):
+    entry j (None for j = 0) maps token ids to Logprobs at position j, holding token_ids[j] and,
+    with prompt_logprobs=k, the k most likely tokens. Positions prompt_length.. are the completion's."""
+    if prompt_logprobs is None or len(prompt_logprobs) != len(token_ids):
+        raise AssertionError(f"vLLM returned {None if prompt_logprobs is None else len(prompt_logprobs)} prompt "
+                             f"logprob entries for a {len(token_ids)}-token sequence")
+    positions = prompt_logprobs[prompt_length:]
+    logprobs = tuple(float(step[token].logprob) for token, step in zip(token_ids[prompt_length:], positions))
+    if top_k <= 0:
+        return SequenceScores(logprobs)
+    top = tuple(tuple((int(t), float(lp.logprob)) for t, lp in sorted(step.items(), key=lambda kv: kv[1].rank)
+                      if lp.rank is not None and lp.rank <= top_k)
+                for step in positions)
+    return SequenceScores(logprobs, top)

@@ -14,7 +14,14 @@ from tandem.convert import (
     plan_to_pb,
     to_pb,
 )
-from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
+from tandem.generation.types import (
+    Completion,
+    GeneratorInfo,
+    MemoryKind,
+    SamplingConfig,
+    ScoredSequence,
+    SequenceScores,
+)
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource, WeightSource
 
 _MEMORY = pb.MemoryKind.DESCRIPTOR
@@ -34,6 +41,25 @@ def completion_to_pb(completion: Completion) -> pb.GenerateResponse:
 
 def completion_from_pb(msg: pb.GenerateResponse) -> Completion:
     return Completion(**from_pb(msg, Completion))
+
+
+def scored_to_pb(sequence: ScoredSequence) -> pb.ScoredSequence:
+    return pb.ScoredSequence(token_ids=list(sequence.token_ids), prompt_length=sequence.prompt_length)
+
+
+def scored_from_pb(msg: pb.ScoredSequence) -> ScoredSequence:
+    return ScoredSequence(tuple(msg.token_ids), msg.prompt_length)
+
+
+def scores_to_pb(scores: SequenceScores) -> pb.SequenceScores:
+    top = [pb.TopLogprobs(token_ids=[t for t, _ in position], logprobs=[lp for _, lp in position])
+           for position in scores.top]
+    return pb.SequenceScores(logprobs=list(scores.logprobs), top=top)
+
+
+def scores_from_pb(msg: pb.SequenceScores) -> SequenceScores:
+    top = tuple(tuple(zip(position.token_ids, position.logprobs)) for position in msg.top)
+    return SequenceScores(tuple(msg.logprobs), top)
 
 
 def info_to_pb(info: GeneratorInfo) -> pb.GetInfoResponse:

@@ -20,7 +20,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from tandem.generation.types import Completion, GeneratorInfo, MemoryKind, SamplingConfig
+from tandem.generation.types import (
+    Completion,
+    GeneratorInfo,
+    MemoryKind,
+    SamplingConfig,
+    ScoredSequence,
+    SequenceScores,
+)
 from tandem.weight_source import WeightSource
 
 
@@ -34,6 +41,15 @@ class GenerationEngine(Protocol):
         Raises ValueError for a request the engine cannot run (empty prompt, too long for
         max_model_len). Closing the iterator early aborts the unfinished samples.
         """
+        ...
+
+    async def score(self, sequences: Sequence[ScoredSequence], top_k: int = 0,
+                    request_id: str = "") -> list[SequenceScores]:
+        """The logprob of every completion token of each sequence under the served weights (a
+        distillation teacher's scores; nothing is sampled), with each position's top_k tokens
+        when top_k > 0; one result per sequence, in order. ValueError for a sequence the engine
+        cannot run (too long, ids outside the vocabulary); FailedPrecondition for an engine that
+        cannot score."""
         ...
 
     async def load_weights(self, source: WeightSource, version: int) -> int:

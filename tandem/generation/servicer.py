@@ -20,6 +20,8 @@ from tandem.generation.convert import (
     memory_from_pb,
     memory_to_pb,
     sampling_from_pb,
+    scored_from_pb,
+    scores_to_pb,
     source_from_pb,
 )
 from tandem.generation.engine import GenerationEngine
@@ -51,6 +53,12 @@ class GeneratorServicer(pb_grpc.GeneratorServiceServicer):
             yield completion_to_pb(completion)
         if self._log is not None:  # one line per request: which replica served how much (compose tests read it)
             self._log.info("generate_served", request_id=request.request_id, prompts=len(prompts))
+
+    async def ScoreTokens(self, request: pb.ScoreTokensRequest, context: Any) -> pb.ScoreTokensResponse:
+        engine = self._engine()
+        scores = await engine.score([scored_from_pb(s) for s in request.sequences], request.top_k, request.request_id)
+        return pb.ScoreTokensResponse(scores=[scores_to_pb(s) for s in scores],
+                                      weight_version=engine.info().weight_version)
 
     async def ReceiveWeights(self, request: pb.ReceiveWeightsRequest, context: Any) -> pb.ReceiveWeightsResponse:
         engine, started = self._engine(), time.monotonic()

@@ -74,3 +74,30 @@ class GeneratorInfo:
     num_running: int
     sleeping: tuple[MemoryKind, ...] = ()
     """Memory released by a sleep and not woken yet (empty: awake)."""
+
+
+@dataclass(frozen=True)
+class ScoredSequence:
+    """A sequence a teacher scores: prompt tokens (BOS included) then completion tokens."""
+
+    token_ids: tuple[int, ...]
+    prompt_length: int
+    """Leading prompt tokens (>= 1); the tokens after them are scored."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.prompt_length < len(self.token_ids):
+            raise ValueError(f"prompt_length must be in [1, {len(self.token_ids)}) (a prompt and at least one "
+                             f"completion token), got {self.prompt_length}")
+
+
+@dataclass(frozen=True)
+class SequenceScores:
+    """A teacher's scores of one ScoredSequence.
+
+    logprobs[k] is the untempered logprob of token_ids[P + k] given token_ids[:P + k] (P the
+    prompt length): one per completion token, aligned like Completion.logprobs. top[k], when
+    asked for, holds position P + k's most likely (token id, logprob) pairs, most likely first.
+    """
+
+    logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()

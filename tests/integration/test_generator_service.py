@@ -20,7 +20,7 @@ import torch
 
 from coordinator.embedded.tiny_model import TinyModelSpec, build_char_tokenizer, build_config
 from generator_svc.client import GeneratorClient
-from tandem.generation.types import SamplingConfig
+from tandem.generation.types import SamplingConfig, ScoredSequence
 from tandem.rpc import RpcFailure, Status, check_health
 from tandem.weight_source import CollectiveSource
 from tandem.weight_sync import GroupSpec, WeightSender, iter_plan_tensors, plan_for_state_dict
@@ -202,6 +202,41 @@ def test_seeded_long_prompts_that_share_a_step_are_sampled(env):
         long_prompts, SamplingConfig(n=1, temperature=1.0, max_tokens=4, seed=3), timeout_s=120))
     assert sorted(c.prompt_index for c in completions) == [0, 1, 2, 3]
     assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in completions)
+
+
+def test_score_tokens_gives_the_sampled_logprobs_and_top_k(env):
+    """ScoreTokens (a distillation teacher's scoring: vLLM prompt_logprobs over the whole sequence)
+    of sampled completions gives back the logprobs they were sampled with, and a full HF forward's;
+    top_k lists each position's most likely tokens, most likely first."""
+    client, model, batch = env["client"], env["A"], prompts(env["tokenizer"], 3, length=12)
+    sampled = list(client.generate(batch, SamplingConfig(n=2, temperature=1.0, max_tokens=MAX_TOKENS, seed=11),
+                                   timeout_s=120))
+    sequences = [ScoredSequence(tuple(batch[c.prompt_index]) + c.token_ids, len(batch[c.prompt_index]))
+                 for c in sampled]
+    started = time.monotonic()
+    scores = client.score(sequences, top_k=3, request_id="teacher", timeout_s=120)
+    TIMINGS["score_6_sequences_s"] = time.monotonic() - started
+    assert len(scores) == len(sampled)
+    for c, seq, score in zip(sampled, sequences, scores):
+        assert len(score.logprobs) == len(c.token_ids) == len(score.top)
+        assert max(abs(a - b) for a, b in zip(score.logprobs, c.logprobs)) < 1e-4
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([seq.token_ids])).logits[0].double(), dim=-1)
+        hf = [float(lp[seq.prompt_length - 1 + k, t]) for k, t in enumerate(c.token_ids)]
+        assert max(abs(a - b) for a, b in zip(score.logprobs, hf)) < 1e-4
+        for k, top in enumerate(score.top):
+            assert len(top) == 3 and [lp_ for _, lp_ in top] == sorted((lp_ for _, lp_ in top), reverse=True)
+            expected = torch.topk(lp[seq.prompt_length - 1 + k], 3)
+            assert [t for t, _ in top] == expected.indices.tolist()
+    assert all(not s.top for s in client.score(sequences[:2], timeout_s=120))  # top_k 0: none
+    bos = env["tokenizer"].bos_token_id
+    full = ScoredSequence((bos,) + tuple(5 + k % 70 for k in range(MAX_MODEL_LEN - 2)), MAX_MODEL_LEN - 5)
+    [scored] = client.score([full], timeout_s=120)  # the longest sequence it scores: max_model_len - 1 tokens
+    assert len(scored.logprobs) == 4 and all(lp <= 0 for lp in scored.logprobs)
+    too_long = ScoredSequence(tuple(batch[0]) * 200, len(batch[0]))
+    with pytest.raises(RpcFailure) as failure:
+        client.score([too_long], timeout_s=60)
+    assert failure.value.status is Status.INVALID_ARGUMENT and "max_model_len" in failure.value.details
 
 
 def test_greedy_logprobs_match_hf_then_weight_push_swaps_to_b(env):

@@ -10,7 +10,10 @@ real services on 127.0.0.1, exactly as `tandem run RECIPE` runs it (only sizes s
   model never gets an exact-match reward (every group would have zero variance), so the task's
   reward here is a Python function (the completion starts with a digit) served by the run;
 - grpo_lora.yaml: GRPO training LoRA adapters raises that same reward on the embedded task's
-  prompts, on-policy (the generator serves the merged weights).
+  prompts, on-policy (the generator serves the merged weights);
+- distillation.yaml: an untrained student distilled from a teacher served by its own generator
+  service (the embedded model fine-tuned briefly, coordinator/embedded/teacher.py) lowers its
+  per-token reverse KL to the teacher.
 The MoE recipe (grpo_moe_megatron.yaml) runs in tests/integration/test_moe_grpo.py, on a tiny
 MoE checkpoint built there.
 """
@@ -24,6 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from coordinator.api import GRPOTrainer
 from reward_svc.client import RewardClient
@@ -41,13 +45,14 @@ def home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tandem-home")
 
 
-def _run(recipe: str, tmp_path: Path, monkeypatch, home: Path, reward_fns=None, **overrides) -> dict:
+def _run(recipe: str | dict, tmp_path: Path, monkeypatch, home: Path, reward_fns=None, **overrides) -> dict:
     monkeypatch.setenv("TANDEM_HOME", str(home))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("TANDEM_TOKEN", raising=False)
     short = {"logger.log_dir": str(tmp_path / "runs"), "logger.run_name": recipe, "logger.tensorboard_enabled": False,
              "logger.plot_enabled": False, **overrides}
-    return GRPOTrainer(RECIPES / f"{recipe}.yaml", reward_fns=reward_fns, **short).train()
+    config = RECIPES / f"{recipe}.yaml" if isinstance(recipe, str) else recipe
+    return GRPOTrainer(config, reward_fns=reward_fns, **short).train()
 
 
 def _rows(summary: dict, phase: str) -> list[dict]:
@@ -169,6 +174,32 @@ def test_lora_recipe_raises_the_reward(tmp_path, monkeypatch, home):
     rewards = [r["reward_mean"] for r in grpo]
     assert len(grpo) == 8 and all(abs(r["token_mult_prob_error"] - 1.0) < 0.01 for r in grpo)
     assert sum(rewards[-4:]) / 4 > rewards[0] + 0.08, rewards  # measured: 0.06 -> 0.19-0.31
+
+
+def test_distillation_recipe_lowers_the_reverse_kl_to_the_teacher(tmp_path, monkeypatch, home):
+    from coordinator.embedded.teacher import TeacherRecipe, ensure_sft_teacher
+
+    teacher = ensure_sft_teacher(home / "teachers", TeacherRecipe(steps=60))
+    # The recipe leaves the teacher to the command line (`tandem run distillation.yaml
+    # distillation.teacher.model_name=DIR`); a recipe file alone is validated without overrides.
+    recipe = yaml.safe_load((RECIPES / "distillation.yaml").read_text())
+    recipe["distillation"]["teacher"]["model_name"] = str(teacher)
+    summary = _run(recipe, tmp_path, monkeypatch, home, **{
+        "logger.run_name": "distillation", "distillation.teacher.top_logprobs_k": 2,
+        "grpo.max_num_steps": 8, "grpo.num_prompts_per_step": 8, "grpo.max_val_samples": 16,
+        "grpo.val_at_start": False, "grpo.val_period": 0, "policy.train_global_batch_size": 8,
+        "policy.train_micro_batch_size": 8, "policy.optimizer.kwargs.lr": 3e-3, "checkpointing.enabled": False})
+    assert summary["algorithm"] == "distillation"
+    rows = _rows(summary, "grpo")
+    kl = [r["teacher_reverse_kl"] for r in rows]
+    print("teacher_reverse_kl per step:", [round(k, 3) for k in kl],
+          "agreement:", [round(r["teacher_top_k_agreement"], 3) for r in rows])
+    assert len(rows) == 8 and all("reverse_kl" in r and "time_teacher_s" in r for r in rows)
+    assert sum(kl[-2:]) / 2 < 0.5 * kl[0], kl
+    assert rows[-1]["teacher_top_k_agreement"] > rows[0]["teacher_top_k_agreement"]
+    settings = json.loads((Path(summary["run_dir"]) / "services" / "teacher-0.json").read_text())
+    assert settings["teacher"] is True and settings["model_name"] == str(teacher)
+    assert_exported_model_generates(summary)
 
 
 def test_recipe_mistakes_are_one_clear_error_from_the_cli(tmp_path):

@@ -17,6 +17,7 @@ class LossInputs:
     prev_logprobs: the trainer's logprobs at the start of the step (before any update).
     generation_logprobs: the generator's logprobs of the sampled tokens.
     reference_logprobs: logprobs under the frozen reference policy.
+    teacher_logprobs: logprobs under a distillation teacher (trainer_svc/losses/distillation.py).
     Tensors that a loss does not need may be None.
     """
 
@@ -25,6 +26,7 @@ class LossInputs:
     prev_logprobs: torch.Tensor | None = None
     generation_logprobs: torch.Tensor | None = None
     reference_logprobs: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -246,7 +246,7 @@ class DTensorBackend:
             else:
                 logits, curr, logits_mask = self._forward(batch)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None,
-                                batch.generation_logprobs, ref[i] if ref else None)
+                                batch.generation_logprobs, ref[i] if ref else None, batch.teacher_logprobs)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             out.loss.backward()
             step_metrics = dict(out.metrics)

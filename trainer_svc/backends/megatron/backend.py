@@ -270,7 +270,7 @@ class MegatronBackend:
             i = index[id(batch)]
             curr = self._tokens.logprobs(output, batch.input_ids)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None, batch.generation_logprobs,
-                                ref[i] if ref else None)
+                                ref[i] if ref else None, batch.teacher_logprobs)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             metrics = {**{k: v.detach().float() for k, v in out.metrics.items()},
                        "entropy": self._tokens.entropy_sum(output, batch.mask) / max(num_tokens, 1)}
@@ -381,4 +381,6 @@ def _pad(batch: MicroBatch, width: int, real_rows: int, pad_id: int) -> MicroBat
     return MicroBatch(torch.nn.functional.pad(batch.input_ids, pad2, value=pad_id), mask,
                       torch.nn.functional.pad(batch.advantages, pad2),
                       torch.nn.functional.pad(batch.generation_logprobs, pad2),
-                      batch.prompt_lengths[:real_rows], batch.lengths[:real_rows])
+                      batch.prompt_lengths[:real_rows], batch.lengths[:real_rows],
+                      teacher_logprobs=None if batch.teacher_logprobs is None
+                      else torch.nn.functional.pad(batch.teacher_logprobs, pad2))

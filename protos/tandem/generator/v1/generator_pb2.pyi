@@ -145,3 +145,45 @@ class WakeUpResponse(_message.Message):
     SLEEPING_FIELD_NUMBER: _ClassVar[int]
     sleeping: _containers.RepeatedScalarFieldContainer[MemoryKind]
     def __init__(self, sleeping: _Optional[_Iterable[_Union[MemoryKind, str]]] = ...) -> None: ...
+
+class ScoredSequence(_message.Message):
+    __slots__ = ("token_ids", "prompt_length")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_length: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ...) -> None: ...
+
+class TopLogprobs(_message.Message):
+    __slots__ = ("token_ids", "logprobs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ScoreTokensRequest(_message.Message):
+    __slots__ = ("sequences", "top_k", "request_id")
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    sequences: _containers.RepeatedCompositeFieldContainer[ScoredSequence]
+    top_k: int
+    request_id: str
+    def __init__(self, sequences: _Optional[_Iterable[_Union[ScoredSequence, _Mapping]]] = ..., top_k: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SequenceScores(_message.Message):
+    __slots__ = ("logprobs", "top")
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
+    def __init__(self, logprobs: _Optional[_Iterable[float]] = ..., top: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ...) -> None: ...
+
+class ScoreTokensResponse(_message.Message):
+    __slots__ = ("scores", "weight_version")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    scores: _containers.RepeatedCompositeFieldContainer[SequenceScores]
+    weight_version: int
+    def __init__(self, scores: _Optional[_Iterable[_Union[SequenceScores, _Mapping]]] = ..., weight_version: _Optional[int] = ...) -> None: ...

@@ -62,6 +62,11 @@ class GeneratorServiceStub:
                 request_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpRequest.SerializeToString,
                 response_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpResponse.FromString,
                 _registered_method=True)
+        self.ScoreTokens = channel.unary_unary(
+                '/tandem.generator.v1.GeneratorService/ScoreTokens',
+                request_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ScoreTokensRequest.SerializeToString,
+                response_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ScoreTokensResponse.FromString,
+                _registered_method=True)
 
 
 class GeneratorServiceServicer:
@@ -106,6 +111,14 @@ class GeneratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScoreTokens(self, request, context):
+        """Teacher scoring (distillation): the logprob of every token of given sequences after their
+        prompts (vLLM prompt_logprobs), and optionally each position's top-k; nothing is sampled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +146,11 @@ def add_GeneratorServiceServicer_to_server(servicer, server):
                     servicer.WakeUp,
                     request_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpRequest.FromString,
                     response_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpResponse.SerializeToString,
+            ),
+            'ScoreTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreTokens,
+                    request_deserializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ScoreTokensRequest.FromString,
+                    response_serializer=tandem_dot_generator_dot_v1_dot_generator__pb2.ScoreTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,6 +291,33 @@ class GeneratorService:
             '/tandem.generator.v1.GeneratorService/WakeUp',
             tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpRequest.SerializeToString,
             tandem_dot_generator_dot_v1_dot_generator__pb2.WakeUpResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.generator.v1.GeneratorService/ScoreTokens',
+            tandem_dot_generator_dot_v1_dot_generator__pb2.ScoreTokensRequest.SerializeToString,
+            tandem_dot_generator_dot_v1_dot_generator__pb2.ScoreTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,18 +49,20 @@ TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP: TruncatedImportanceSamplingType
 TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS: TruncatedImportanceSamplingType
 
 class Sample(_message.Message):
-    __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage")
+    __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage", "teacher_logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     GENERATION_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
+    TEACHER_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_length: int
     loss_mask: _containers.RepeatedScalarFieldContainer[float]
     generation_logprobs: _containers.RepeatedScalarFieldContainer[float]
     advantage: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ...) -> None: ...
+    teacher_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GrpoLoss(_message.Message):
     __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction", "ratio_clip_c", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value", "use_on_policy_kl_approximation", "sequence_level_importance_ratios", "truncated_importance_sampling_ratio", "truncated_importance_sampling_type", "truncated_importance_sampling_ratio_min", "disable_ppo_ratio", "force_on_policy_ratio", "token_level_loss")
@@ -120,13 +122,28 @@ class BradleyTerryLoss(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class DistillationLoss(_message.Message):
+    __slots__ = ("kl_penalty_coef", "task_reward_coef", "ratio_clip_min", "ratio_clip_max", "use_importance_sampling_correction")
+    KL_PENALTY_COEF_FIELD_NUMBER: _ClassVar[int]
+    TASK_REWARD_COEF_FIELD_NUMBER: _ClassVar[int]
+    RATIO_CLIP_MIN_FIELD_NUMBER: _ClassVar[int]
+    RATIO_CLIP_MAX_FIELD_NUMBER: _ClassVar[int]
+    USE_IMPORTANCE_SAMPLING_CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    kl_penalty_coef: float
+    task_reward_coef: float
+    ratio_clip_min: float
+    ratio_clip_max: float
+    use_importance_sampling_correction: bool
+    def __init__(self, kl_penalty_coef: _Optional[float] = ..., task_reward_coef: _Optional[float] = ..., ratio_clip_min: _Optional[float] = ..., ratio_clip_max: _Optional[float] = ..., use_importance_sampling_correction: _Optional[bool] = ...) -> None: ...
+
 class TrainStepRequest(_message.Message):
-    __slots__ = ("samples", "grpo", "nll", "dpo", "bradley_terry", "global_batch_size", "micro_batch_size", "learning_rate")
+    __slots__ = ("samples", "grpo", "nll", "dpo", "bradley_terry", "distillation", "global_batch_size", "micro_batch_size", "learning_rate")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     GRPO_FIELD_NUMBER: _ClassVar[int]
     NLL_FIELD_NUMBER: _ClassVar[int]
     DPO_FIELD_NUMBER: _ClassVar[int]
     BRADLEY_TERRY_FIELD_NUMBER: _ClassVar[int]
+    DISTILLATION_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -135,10 +152,11 @@ class TrainStepRequest(_message.Message):
     nll: NllLoss
     dpo: DpoLoss
     bradley_terry: BradleyTerryLoss
+    distillation: DistillationLoss
     global_batch_size: int
     micro_batch_size: int
     learning_rate: float
-    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., dpo: _Optional[_Union[DpoLoss, _Mapping]] = ..., bradley_terry: _Optional[_Union[BradleyTerryLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., dpo: _Optional[_Union[DpoLoss, _Mapping]] = ..., bradley_terry: _Optional[_Union[BradleyTerryLoss, _Mapping]] = ..., distillation: _Optional[_Union[DistillationLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "global_step")
