@@ -40,7 +40,7 @@ def test_malformed_config_is_one_clear_error_and_starts_nothing(tmp_path):
 def test_short_job_writes_summary_plot_checkpoint_and_stops_everything(tmp_path):
     proc = procs.tandem_cli("run", "sft.max_num_steps=40", "sft.val_period=20", "grpo.max_num_steps=2", "grpo.val_period=1",
                    "grpo.max_val_samples=32", "checkpointing.save_period=2", "logger.log_dir=runs",
-                   "logger.run_name=short", cwd=tmp_path, home=tmp_path / "home")
+                   "logger.run_name=short", "grpo.num_prompts_per_step=16", cwd=tmp_path, home=tmp_path / "home")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     run_dir = tmp_path / "runs" / "short"

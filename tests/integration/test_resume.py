@@ -38,7 +38,7 @@ def _cfg(root, name: str | None, steps: int):
         "logger.plot_enabled=false", "sft.max_num_steps=60", "sft.val_period=60",
         "sft.stop_at_accuracy=null", f"grpo.max_num_steps={steps}", "grpo.val_period=0",
         "grpo.max_val_samples=8", "checkpointing.save_period=2", "data.num_train=400", "data.num_val=16",
-        "cluster.num_generators=1", "cluster.trainer_ranks=2", "policy.precision=float32"])
+        "cluster.num_generators=1", "cluster.trainer_ranks=2", "policy.precision=float32", "grpo.num_prompts_per_step=16"])
 
 
 def _grpo_rows(run_dir) -> list[dict]:
