@@ -13,7 +13,8 @@ step holds: fp32 parameters and both moments), then, interleaved A/B:
         end, after fsync), read with one readinto per tensor straight into its target, Adam's
         state allocated without a step
 Every load is cold: the checkpoint's pages are dropped from the page cache first (fadvise), and
-the load goes into an optimizer without state (as in a freshly started trainer). The disk is
+the load goes into an optimizer without state (as in a freshly started trainer). Each save and
+load also reports its peak RSS above the RSS before it (what it stages beside the model). The disk is
 measured in the same run: write + fsync of as many bytes in 64 MiB writes, and a cold read of
 them. Writes benchmarks/results/<date>-checkpoint-real-size.md (--no-write: print only).
 """
@@ -80,6 +81,26 @@ def disk(root: Path, nbytes: int) -> tuple[float, float]:
     return write_s, read_s
 
 
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+class PeakGrowth:
+    """The process's peak RSS over a block above its RSS before it (VmHWM, reset first), in GiB:
+    the memory a save or a load stages beside the model."""
+
+    def __enter__(self) -> PeakGrowth:
+        Path("/proc/self/clear_refs").write_text("5")
+        self.before = _status_bytes("VmRSS")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.gib = (_status_bytes("VmHWM") - self.before) / 2**30
+
+
 def old_save(backend: DTensorBackend, path: Path) -> None:
     model_state, optim_state = get_state_dict(backend._model, backend._optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path / "dcp"))
@@ -103,6 +124,7 @@ def main() -> None:
     parser.add_argument("--shape", default="0.5b", help="a size of benchmarks/real_size_model.py SHAPES")
     parser.add_argument("--reps", type=int, default=2, help="A/B pairs")
     parser.add_argument("--dir", default=None, help="where to write the checkpoints (default: beside the model)")
+    parser.add_argument("--variants", default="old,new", help="comma-separated: old, new")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     model_dir = ensure_real_size_model(args.shape)
@@ -114,31 +136,36 @@ def main() -> None:
     get_state_dict(backend._model, backend._optimizer)  # Adam's state, as after a first step
     backend._optimizer.zero_grad(set_to_none=True)
     expected = _fingerprint(backend)
-    rows: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    variants = args.variants.split(",")
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     nbytes = 0
     disks = []
     for rep in range(args.reps):
-        for name in ("old", "new"):
+        for name in variants:
             path = root / f"{name}-{rep}"
             figures: dict[str, float] = {}
             start = time.perf_counter()
-            if name == "old":
-                old_save(backend, path)
-                figures["save returns"] = figures["durable"] = time.perf_counter() - start
-            else:
-                backend.save_checkpoint(path, background=True)
-                figures["save returns"] = time.perf_counter() - start
-                assert backend.checkpoint_written(path, timeout_s=600)
-                figures["durable"] = time.perf_counter() - start
+            with PeakGrowth() as saving:
+                if name == "old":
+                    old_save(backend, path)
+                    figures["save returns"] = figures["durable"] = time.perf_counter() - start
+                else:
+                    backend.save_checkpoint(path, background=True)
+                    figures["save returns"] = time.perf_counter() - start
+                    assert backend.checkpoint_written(path, timeout_s=600)
+                    figures["durable"] = time.perf_counter() - start
+            figures["save peak +GiB"] = saving.gib
             nbytes = _size(path / "dcp")
             _evict(path)
             backend._optimizer.state.clear()  # as in a fresh trainer
             start = time.perf_counter()
-            if name == "old":
-                old_load(backend, path)
-            else:
-                backend.load_checkpoint(path)
+            with PeakGrowth() as loading:
+                if name == "old":
+                    old_load(backend, path)
+                else:
+                    backend.load_checkpoint(path)
             figures["load (cold)"] = time.perf_counter() - start
+            figures["load peak +GiB"] = loading.gib
             got = _fingerprint(backend)
             assert abs(got - expected) <= 1e-6 * max(1.0, abs(expected)), (name, got, expected)
             shutil.rmtree(path)
@@ -147,14 +174,14 @@ def main() -> None:
         disks.append(disk(root, nbytes))
         print("disk", rep, [round(x, 2) for x in disks[-1]], flush=True)
     gib = nbytes / 2**30
-    keys = ["save returns", "durable", "load (cold)"]
+    keys = ["save returns", "durable", "load (cold)", "save peak +GiB", "load peak +GiB"]
     command = (f"`PYTHONPATH=. .venv/bin/python benchmarks/checkpoint_real_size.py --reps {args.reps}` (one process, "
                f"one gloo rank); {backend.num_parameters / 1e6:.1f}M parameters, fp32, with Adam's state; the last "
                f"checkpoint's tensors: {nbytes} bytes ({gib:.2f} GiB); load average "
                f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end.")
     lines = [f"# Checkpoint save and load at {args.shape}'s shape (DTensor trainer, one rank): {datetime.date.today()}",
              "", command, "",
-             "| variant | " + " | ".join(f"{k} s (each)" for k in keys) + " |", "| --- |" + " --- |" * len(keys)]
+             "| variant | " + " | ".join(f"{k}{'' if 'GiB' in k else ' s'} (each)" for k in keys) + " |", "| --- |" + " --- |" * len(keys)]
     for name, runs in rows.items():
         lines.append(f"| {name} | " + " | ".join(", ".join(f"{r[k]:.2f}" for r in runs) for k in keys) + " |")
     writes, reads = [d[0] for d in disks], [d[1] for d in disks]
@@ -163,7 +190,7 @@ def main() -> None:
                  f"({gib / statistics.median(reads):.2f} GiB/s).")
     lines += ["", disk_line, "", "Medians:", ""]
     for name, runs in rows.items():
-        lines.append(f"- {name}: " + ", ".join(f"{k} {statistics.median(r[k] for r in runs):.2f} s" for k in keys))
+        lines.append(f"- {name}: " + ", ".join(f"{k} {statistics.median(r[k] for r in runs):.2f}" for k in keys))
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

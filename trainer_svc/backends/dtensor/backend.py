@@ -345,6 +345,7 @@ class DTensorBackend:
         return lora.export_adapter(self._model, self._lora, self._model_name, path, self.rank)
 
     def close(self) -> None:
+        self._write.join()  # a checkpoint still being written ends first (the process may exit next)
         self._optimizer.zero_grad(set_to_none=True)
         self._reference.clear()
 
