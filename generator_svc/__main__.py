@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     scratch = run_dir(settings, os.getpid())
     scratch.mkdir(parents=True, exist_ok=True)
     os.environ.update(vllm_environment(settings, dict(os.environ), scratch))  # before vLLM is imported
+    if settings.kv_cache_space_gib is None:  # sized from the workload: an inherited setting would override it
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     # vLLM's own gloo groups stay on loopback too (tandem.stores imports torch: after the environment)
     from tandem.stores import loopback_collectives_env
 

@@ -15,6 +15,7 @@ core list ("1", "0-3") to pin a generator on a machine where cores are set aside
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -30,6 +31,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from tandem.model_memory import ModelShape, kv_cache_bytes
 
 _CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 # AF_UNIX socket paths are limited to 107 bytes; vLLM puts "<run dir>/<uuid4>" sockets there.
@@ -55,8 +58,11 @@ class VllmSettings(BaseModel):
     """Longest prompt + completion in tokens."""
     max_num_seqs: int = Field(256, ge=1)
     """Sequences the engine runs at once; announced as this generator's capacity."""
-    kv_cache_space_gib: int = Field(1, ge=1)
-    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM refuses to start on small boxes."""
+    kv_cache_space_gib: int | None = Field(None, ge=1)
+    """KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE). Unset: sized from the workload,
+    max_num_seqs sequences of max_model_len tokens with a margin (tandem/model_memory.py), from
+    the model's config.json (1 GiB if it cannot be read). vLLM-CPU needs one or the other: left
+    to itself it reserves most of the machine."""
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     """GPU only: the fraction of the device's memory vLLM takes (weights, activations, KV cache).
     Unset: 0.9 for a dedicated generator, 0.5 for a colocated one (it shares the trainer's
@@ -209,7 +215,6 @@ def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_p
     """
     caches = settings.cache_dir or settings.scratch_dir
     env = {
-        "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_space_gib),
         "VLLM_CACHE_ROOT": current.get("VLLM_CACHE_ROOT") or str(caches / "vllm-cache"),
         "VLLM_CONFIG_ROOT": str(settings.scratch_dir / "vllm-config"),
         # Where torch.compile runs (enforce_eager=false), its cache outlives the run; inductor's
@@ -222,6 +227,8 @@ def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_p
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1",
     }
+    if settings.kv_cache_space_gib is not None:  # else the engine's kv_cache_memory_bytes (kv_cache_memory_bytes())
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_space_gib)
     if settings.enforce_eager:
         # Even in eager mode vLLM's sampler torch.compiles a small logprob-rank kernel (g++ on
         # the first request: ~11 s on 2 busy cores); eager PyTorch computes the same thing.
@@ -233,3 +240,16 @@ def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_p
     if settings.cpu_threads_bind is None and "OMP_NUM_THREADS" not in current:
         env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def kv_cache_memory_bytes(settings: GeneratorSettings) -> int | None:
+    """The CPU KV cache vLLM gets as kv_cache_memory_bytes: None where kv_cache_space_gib sets it
+    (VLLM_CPU_KVCACHE_SPACE), else sized from the workload and the model's shape."""
+    if settings.kv_cache_space_gib is not None:
+        return None
+    try:
+        config = json.loads((Path(settings.model_name) / "config.json").read_text())
+        shape = ModelShape.from_config(config)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1 << 30
+    return kv_cache_bytes(shape, settings.dtype, settings.max_num_seqs, settings.max_model_len)

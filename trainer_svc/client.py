@@ -109,9 +109,17 @@ class TrainerClient:
                                                 timeout=self._long).released
 
     @rpc_failures
-    def save_checkpoint(self, path: str) -> int:
-        """Returns the save's wall time in milliseconds."""
-        return self._stub.SaveCheckpoint(pb.SaveCheckpointRequest(path=path), timeout=self._long).duration_ms
+    def save_checkpoint(self, path: str, *, background: bool = False) -> int:
+        """Returns the save's wall time in milliseconds. With `background` it returns once the
+        write has started: the checkpoint is complete once `checkpoint_written` returns True."""
+        return self._stub.SaveCheckpoint(pb.SaveCheckpointRequest(path=path, background=background),
+                                         timeout=self._long).duration_ms
+
+    @rpc_failures
+    def checkpoint_written(self, path: str, timeout_s: float) -> bool:
+        """Waits up to timeout_s for a background save to be on disk and marked complete; whether it is."""
+        return self._stub.CheckpointWritten(pb.CheckpointWrittenRequest(path=path, timeout_s=timeout_s),
+                                            timeout=timeout_s + 30.0).written
 
     @rpc_failures
     def load_checkpoint(self, path: str) -> int:

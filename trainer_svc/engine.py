@@ -89,6 +89,7 @@ class _ReleaseCudaIpc:
 @dataclass(frozen=True)
 class _SaveCheckpoint:
     path: Path
+    background: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,12 +237,24 @@ class TrainerEngine:
         """Free the buckets of `version`'s export (every rank also empties its CUDA cache)."""
         return self._run(_ReleaseCudaIpc(version))
 
-    def save_checkpoint(self, path: str) -> int:
-        """Returns the wall time in milliseconds."""
+    def save_checkpoint(self, path: str, background: bool = False) -> int:
+        """Returns the wall time in milliseconds. With `background` the bytes may still be on
+        their way to disk: the checkpoint is complete once `checkpoint_written` says so."""
         target = writable_dir(path, "checkpoint")
         start = time.perf_counter()
-        self._run(_SaveCheckpoint(target))
+        self._run(_SaveCheckpoint(target, background))
         return int((time.perf_counter() - start) * 1000)
+
+    def checkpoint_written(self, path: str, timeout_s: float) -> bool:
+        """Rank 0, on the caller's thread, beside the engine's commands: wait up to timeout_s for
+        the save into `path` to be on disk on every rank and mark it complete; whether it is."""
+        if not self.is_leader:
+            raise FailedPrecondition("only trainer rank 0 takes calls")
+        if not path:
+            raise ValueError("checkpoint path is empty")
+        if not 0 <= timeout_s <= 86_400:  # NaN too
+            raise ValueError(f"timeout_s must be within [0, 86400] seconds, got {timeout_s}")
+        return self._backend.checkpoint_written(Path(path).expanduser().absolute(), timeout_s)
 
     def load_checkpoint(self, path: str) -> int:
         if not path:
@@ -324,8 +337,8 @@ class TrainerEngine:
                 return self._ipc.export(version, self._plan, backend.iter_hf_tensors(), leader=self.is_leader)
             case _ReleaseCudaIpc(version):
                 return self._ipc.release(version)
-            case _SaveCheckpoint(path):
-                return backend.save_checkpoint(path)
+            case _SaveCheckpoint(path, background):
+                return backend.save_checkpoint(path, background=background)
             case _LoadCheckpoint(path):
                 return backend.load_checkpoint(path)
             case _ExportHf(path, for_generators):

@@ -102,8 +102,15 @@ class TrainerBackend(Protocol):
         other ranks, and where nothing trains adapters: nothing is written then)."""
         ...
 
-    def save_checkpoint(self, path: Path) -> None:
-        """Collective: write model, optimizer, RNG and step (sharded) into directory `path`."""
+    def save_checkpoint(self, path: Path, *, background: bool = False) -> None:
+        """Collective: write model, optimizer, RNG and step (sharded) into directory `path`. With
+        `background` it may return before the bytes are on disk (`checkpoint_written` says when);
+        the backend keeps what it writes unchanged until then."""
+        ...
+
+    def checkpoint_written(self, path: Path, timeout_s: float) -> bool:
+        """Rank 0, beside the commands (no collective): wait up to timeout_s for the save into
+        `path` to be on disk on every rank and mark it complete; whether it is."""
         ...
 
     def load_checkpoint(self, path: Path) -> int:

@@ -86,7 +86,12 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         return pb.HoldWeightsResponse(num_bytes=result.bytes_sent, duration_ms=result.duration_ms)
 
     async def SaveCheckpoint(self, request, context):
-        return pb.SaveCheckpointResponse(duration_ms=await self._call(self._engine.save_checkpoint, request.path))
+        return pb.SaveCheckpointResponse(duration_ms=await self._call(self._engine.save_checkpoint, request.path,
+                                                                      request.background))
+
+    async def CheckpointWritten(self, request, context):  # beside the engine's work, like a held publish
+        return pb.CheckpointWrittenResponse(written=await asyncio.to_thread(
+            self._engine.checkpoint_written, request.path, request.timeout_s))
 
     async def LoadCheckpoint(self, request, context):
         return pb.LoadCheckpointResponse(global_step=await self._call(self._engine.load_checkpoint, request.path))

@@ -1,35 +1,118 @@
 """Loop checkpoints: <dir>/step_NNNNNN/{trainer/, coordinator.json[, hf/]}, written into a
 temporary directory and renamed, so a checkpoint exists only once both parts are complete;
-`latest` names the newest complete one; only the last K are kept."""
+`latest` names the newest complete one; only the last K are kept.
+
+The trainer writes its part in the background (`CheckpointWriter`): a save returns once the
+trainer has taken its state, and the run goes on while the bytes go to disk. Only when the
+trainer says they are on disk on every rank (`checkpoint_written`) is the directory renamed
+into place, `latest` moved and `checkpoint_saved` logged; a crash before then (the trainer's or
+the coordinator's) leaves a `.tmp_step_*` directory that nothing resumes from. The next save
+waits for the previous write.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
+WRITE_POLL_S = 30.0
+"""Seconds of one `checkpoint_written` call (it is repeated until the write ends or the limit)."""
 
-def save(root: Path, step: int, state: dict, trainer, keep: int, log, *, save_hf: bool = False) -> Path:
-    """save_hf: also the model as an HF checkpoint in <step>/hf (checkpointing.save_hf)."""
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = root / f".tmp_step_{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    trainer.save_checkpoint(str((tmp / "trainer").resolve()))
-    if save_hf:
-        trainer.export_hf(str((tmp / "hf").resolve()))  # complete when the step directory is renamed into place
-    (tmp / "coordinator.json").write_text(json.dumps(state, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    pointer = root / "latest.tmp"
-    pointer.write_text(final.name)
-    os.replace(pointer, root / "latest")
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    log.info("checkpoint_saved", path=str(final), step=step)
-    return final
+
+class CheckpointWriteFailed(RuntimeError):
+    """A background checkpoint write did not complete (the trainer failed or died meanwhile)."""
+
+
+class CheckpointWriter:
+    """Saves of one run's checkpoints under `root`, each completed in the background."""
+
+    def __init__(self, root: Path, keep: int, log, *, save_hf: bool = False, write_limit_s: float = 3600.0):
+        """write_limit_s: how long a write may take before the checkpoint counts as failed."""
+        self.root, self.keep, self.log, self.save_hf, self.write_limit_s = root, keep, log, save_hf, write_limit_s
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.write_seconds = 0.0
+        """Seconds from each save's start to its completion, summed over the completed saves."""
+
+    def save(self, step: int, state: dict, trainer) -> Path:
+        """Start checkpoint `step` (waiting for the previous one first); returns the directory it
+        will have once complete. Raises CheckpointWriteFailed if the previous one failed."""
+        self.wait()
+        self.root.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        final = self.root / f"step_{step:06d}"
+        tmp = self.root / f".tmp_step_{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        trainer_dir = str((tmp / "trainer").resolve())
+        trainer.save_checkpoint(trainer_dir, background=True)
+        if self.save_hf:
+            trainer.export_hf(str((tmp / "hf").resolve()))  # complete when the step directory is renamed into place
+        _write_durably(tmp / "coordinator.json", json.dumps(state, indent=1))
+        self._thread = threading.Thread(target=self._complete, args=(step, trainer, trainer_dir, tmp, final, started),
+                                        name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+        return final
+
+    def wait(self) -> None:
+        """Until the save in flight (if any) is complete; raises CheckpointWriteFailed if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointWriteFailed(f"the last checkpoint was not written: {error}") from error
+
+    def settle(self) -> BaseException | None:
+        """Until the save in flight ends, complete or failed (the trainer died: its error is returned, not raised)."""
+        try:
+            self.wait()
+        except CheckpointWriteFailed as exc:
+            return exc
+        return None
+
+    def _complete(self, step: int, trainer, trainer_dir: str, tmp: Path, final: Path, started: float) -> None:
+        try:
+            deadline = time.monotonic() + self.write_limit_s
+            while not trainer.checkpoint_written(trainer_dir, timeout_s=WRITE_POLL_S):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the trainer's checkpoint write took over {self.write_limit_s:.0f}s")
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            _write_durably(self.root / "latest.tmp", final.name)
+            os.replace(self.root / "latest.tmp", self.root / "latest")
+            _fsync_dir(self.root)
+            for old in sorted(p for p in self.root.glob("step_*") if p.is_dir())[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+            for stale in self.root.glob(".tmp_step_*"):  # left by a crash mid-write
+                if stale.name < tmp.name:
+                    shutil.rmtree(stale, ignore_errors=True)
+            seconds = time.perf_counter() - started
+            self.write_seconds += seconds
+            self.log.info("checkpoint_saved", path=str(final), step=step, seconds=round(seconds, 3))
+        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+            self._error = exc
+            self.log.warning("checkpoint_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def latest(root: Path) -> Path | None:

@@ -5,7 +5,8 @@ reported on its own line: coordinator/cli/dry_run.py):
     machine    the directories the run writes, the memory its generators reserve (machine.py),
                and the data files the config names exist
     model      the model's files (model_files.py), the checkpoint against the config (model.py),
-               a reward model's files, a distillation teacher's files and tokenizer (teacher.py)
+               a reward model's files, a distillation teacher's files and tokenizer (teacher.py),
+               each service's expected peak memory against the memory available (memory.py)
     data       every row of the train and val files (data.py), each row's task against the env
                sections, the tokenizer against the model's vocabulary, every prompt's length
                against the generators and the trainer (lengths.py)
@@ -37,10 +38,12 @@ from coordinator.data.sources import data_source
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.preflight.data import load_examples, load_pairs, load_tokens
 from coordinator.preflight.lengths import check_lengths, measure_embedded_task, measure_examples
-from coordinator.preflight.machine import check_machine
+from coordinator.preflight.machine import available_memory_bytes, check_machine
+from coordinator.preflight.memory import MemoryEstimate, check_memory, estimate_memory
 from coordinator.preflight.model import check_model, check_vocab
 from coordinator.preflight.model_files import check_model_dir
 from coordinator.preflight.teacher import check_teacher, check_teacher_length
+from tandem.model_memory import ModelShape
 
 
 def check_inputs(cfg: ExperimentConfig, console: Console | None = None) -> tuple[str, Path, Path | None]:
@@ -53,6 +56,8 @@ def check_inputs(cfg: ExperimentConfig, console: Console | None = None) -> tuple
     for warning in checks.warnings:
         if console is not None:
             console.print(f"[yellow]warning:[/] {escape(warning)}")
+    if console is not None and checks.memory is not None:
+        console.print(f"memory: {escape(checks.memory.describe())}")
     assert checks.model_dir is not None and checks.train_path is not None
     return checks.model_dir, checks.train_path, checks.val_path
 
@@ -70,6 +75,8 @@ class Preflight:
     model_config: dict | None = None
     train_path: Path | None = None
     val_path: Path | None = None
+    memory: MemoryEstimate | None = None
+    """Each service's expected peak memory (the model stage)."""
 
     def stages(self, *, dry_run: bool = False) -> list[tuple[str, Callable[[], str]]]:
         run = [("machine", self.machine), ("model", self.model), ("data", self.data), ("packages", self.packages)]
@@ -97,7 +104,9 @@ class Preflight:
                 check_model_dir(env.reward_model.model_name, f"env.{task}.reward_model.model_name")
         self.model_config = check_model(cfg)
         config = self.model_config or json.loads((Path(self.model_dir) / "config.json").read_text())
-        return f"{self.model_dir}: {', '.join(config.get('architectures', ['?']))}" + teacher
+        self.memory = estimate_memory(cfg, ModelShape.from_config(config))
+        check_memory(cfg, self.memory, available_memory_bytes())  # before anything starts
+        return f"{self.model_dir}: {', '.join(config.get('architectures', ['?']))}; {self.memory.describe()}" + teacher
 
     def data(self) -> str:
         cfg, data = self.cfg, self.cfg.data

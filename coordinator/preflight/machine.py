@@ -86,10 +86,12 @@ def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 
 def check_kv_cache_memory(cfg: ExperimentConfig, meminfo: Path = Path("/proc/meminfo")) -> None:
-    """CPU generators launched here reserve vllm_cfg.kv_cache_space_gib each at start: all of
-    them together must fit in the memory this machine has available."""
+    """CPU generators launched here reserve vllm_cfg.kv_cache_space_gib each at start (when it is
+    set; unset, the KV cache is sized from the workload and counted by the run's memory estimate,
+    coordinator/preflight/memory.py): all of them together must fit in the memory available."""
     generation = cfg.policy.generation
-    if not cfg.cluster.launch.starts_services or cfg.cluster.gpus_per_node or not cfg.service_plan.generator_services:
+    if (not cfg.cluster.launch.starts_services or cfg.cluster.gpus_per_node or not cfg.service_plan.generator_services
+            or generation.vllm_cfg.kv_cache_space_gib is None):
         return
     available = available_memory_bytes(meminfo)
     wanted = generation.vllm_cfg.kv_cache_space_gib * cfg.cluster.num_generators * GIB

@@ -52,6 +52,7 @@ class Run(RunBase):
         self.accuracy_before: float | None = None
         self.sft_steps = 0
         self._val: list[Example] = []  # the held-out examples GRPO validates on
+        self._checkpoints: store.CheckpointWriter | None = None  # created at the first checkpoint
 
     def execute(self) -> dict:
         cfg = self.cfg
@@ -98,7 +99,13 @@ class Run(RunBase):
         if resumed is not None:
             ctx.cursor.load_state(resumed.cursor)
         if cfg.grpo.max_num_steps:
-            self._grpo(ctx, train, cluster, first_step=resumed.step + 1 if resumed else 1)
+            try:
+                self._grpo(ctx, train, cluster, first_step=resumed.step + 1 if resumed else 1)
+            except BaseException:
+                if self._checkpoints is not None:
+                    self._checkpoints.settle()  # a write under way completes before the services stop
+                raise
+        self._checkpoints_written()
         accuracy_end = self.validate(ctx, cfg.grpo.max_num_steps) if val else None
         self._stop_clock("grpo_s", clock)
         summary.update(algorithm=cfg.algorithm.value, accuracy_after=accuracy_end, grpo_steps=cfg.grpo.max_num_steps,
@@ -146,6 +153,8 @@ class Run(RunBase):
         weights as a new version; returns the checkpoint's step."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
         self.log.warning("trainer_dead", error=f"{type(exc).__name__}: {exc}"[:500])
+        if self._checkpoints is not None and (lost := self._checkpoints.settle()) is not None:
+            self.log.warning("checkpoint_lost", error=str(lost)[:500])  # the one it was writing: not resumed from
         if store.latest(root) is None:
             raise RuntimeError(f"the trainer died before the run's first checkpoint (under {root}); nothing to "
                                f"resume from: lower checkpointing.save_period or restart the run") from exc
@@ -206,10 +215,19 @@ class Run(RunBase):
                                    sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
                                    rng=resuming.capture_rng())
         started = time.perf_counter()
-        store.save(root, step, state.to_json(), ctx.services.trainer, self.cfg.checkpointing.keep_top_k, self.log,
-                        save_hf=self.cfg.checkpointing.save_hf)
-        self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + time.perf_counter() - started
-        self.progress.note(f"checkpoint at GRPO step {step} ({time.perf_counter() - started:.1f}s)")
+        if self._checkpoints is None:
+            self._checkpoints = store.CheckpointWriter(root, self.cfg.checkpointing.keep_top_k, self.log,
+                                                       save_hf=self.cfg.checkpointing.save_hf)
+        self._checkpoints.save(step, state.to_json(), ctx.services.trainer)  # written in the background
+        blocked = time.perf_counter() - started
+        self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + blocked
+        self.progress.note(f"checkpoint at GRPO step {step} ({blocked:.1f}s, written in the background)")
+
+    def _checkpoints_written(self) -> None:
+        """The last checkpoint on disk and complete (CheckpointWriteFailed if it could not be)."""
+        if self._checkpoints is not None:
+            self._checkpoints.wait()
+            self.timings["checkpoint_write_s"] = self._checkpoints.write_seconds
 
     def _resume(self, ctx: LoopContext) -> resuming.LoopState:
         """Continue from the checkpoint found at start (see _restore)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, get_args
 
-from generator_svc.config import GeneratorSettings
+from generator_svc.config import GeneratorSettings, kv_cache_memory_bytes
 from tandem.colocation import resolve_colocation
 from tandem.generation.types import MemoryKind
 from tandem.rpc import FailedPrecondition
@@ -23,9 +23,11 @@ ALL_MEMORY: tuple[MemoryKind, ...] = get_args(MemoryKind)
 
 def memory_args(settings: GeneratorSettings, device_type: str) -> dict[str, Any]:
     """vLLM engine arguments for the device memory: on CUDA its share of the GPU and sleep mode
-    where colocated (tandem.colocation decides); on CPU none (VLLM_CPU_KVCACHE_SPACE sizes the cache)."""
+    where colocated (tandem.colocation decides); on CPU the KV cache's bytes, sized from the
+    workload unless kv_cache_space_gib sets VLLM_CPU_KVCACHE_SPACE (generator_svc/config.py)."""
     if device_type != "cuda":
-        return {}
+        kv = kv_cache_memory_bytes(settings)
+        return {} if kv is None else {"kv_cache_memory_bytes": kv}
     return {"gpu_memory_utilization": settings.gpu_memory_utilization,
             "enable_sleep_mode": resolve_colocation(settings.colocated, device_type).sleeps}
 

@@ -129,7 +129,7 @@ def test_the_trainer_answers_every_fuzzed_message_with_the_callers_mistake(train
               "version": integers(-2, 2**40)}
     fuzzer = Fuzzer(service.address, procs.TOKEN, TRAINER, deadline_s=30)
     rpcs = {"GetInfo": 100, "ComputeLogprobs": 500, "TrainStep": 700, "PublishWeights": 200, "SaveCheckpoint": 140,
-            "LoadCheckpoint": 140, "ExportHf": 80, "ExportCudaIpcWeights": 80, "ReleaseCudaIpcWeights": 80}
+            "CheckpointWritten": 60, "LoadCheckpoint": 140, "ExportHf": 80, "ExportCudaIpcWeights": 80, "ReleaseCudaIpcWeights": 80}
     plausible = {"TrainStep": train_requests(vocab), "ComputeLogprobs": st.builds(
         lambda batch, policy, mbs: tpb.ComputeLogprobsRequest(samples=batch, policy=policy, micro_batch_size=mbs),
         st.lists(samples(vocab), min_size=1, max_size=4), st.integers(0, 3), integers(-1, 4))}

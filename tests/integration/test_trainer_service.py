@@ -263,15 +263,67 @@ def test_checkpoint_round_trip(trainer, tmp_path):
     batch = [dataclasses.replace(s, generation_logprobs=[x - 0.05 for x in lp], advantage=a)
              for s, lp, a in zip(samples, logprobs, (1.0, -1.0, 0.5, -0.5))] * 2  # 2 optimizer steps: Adam state counts
     step = trainer.client.info().global_step
-    trainer.client.save_checkpoint(str(tmp_path / "ckpt"))
+    trainer.client.save_checkpoint(str(tmp_path / "ckpt"), background=True)  # both ranks write their shards
     first = trainer.client.train_step(batch, GrpoLossConfig(), global_batch_size=4, micro_batch_size=2)
-    assert trainer.client.load_checkpoint(str(tmp_path / "ckpt")) == step
+    assert trainer.client.checkpoint_written(str(tmp_path / "ckpt"), timeout_s=60)
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "written").iterdir()) == ["rank0", "rank1"]
+    assert trainer.client.load_checkpoint(str(tmp_path / "ckpt")) == step  # the state before that step
     again = trainer.client.train_step(batch, GrpoLossConfig(), global_batch_size=4, micro_batch_size=2)
     assert again.global_step == first.global_step == step + 2
     assert again.metrics == pytest.approx(first.metrics, rel=1e-6, abs=1e-7)
     with pytest.raises(RpcFailure) as err:
         trainer.client.load_checkpoint(str(tmp_path / "missing"))
     assert err.value.status is Status.INVALID_ARGUMENT
+
+
+class StalledDisk:
+    """The trainer's client, with a checkpoint's shard file made a FIFO first: the trainer's
+    background write blocks on it (a disk that does not finish) until the test is done."""
+
+    def __init__(self, client: TrainerClient):
+        self.client = client
+
+    def save_checkpoint(self, path: str, *, background: bool = False) -> int:
+        (Path(path) / "dcp").mkdir(parents=True)
+        os.mkfifo(Path(path) / "dcp" / "__0_0.distcp")
+        return self.client.save_checkpoint(path, background=background)
+
+    def checkpoint_written(self, path: str, timeout_s: float) -> bool:
+        return self.client.checkpoint_written(path, timeout_s)
+
+
+def test_a_trainer_killed_mid_write_leaves_the_previous_checkpoint_to_resume(trainer, tmp_path):
+    """A one-rank trainer checkpoints at step 1 (complete), trains, starts the step-2 checkpoint
+    and is killed while writing it: the run resumes from step 1's, which loads into the
+    two-rank trainer (resharded)."""
+    from coordinator.checkpoint import resume, store
+
+    settings = tmp_path / "trainer.json"
+    settings.write_text(json.dumps({"model_name": str(trainer.model_dir), "seed": 1, "optimizer": {"lr": 1e-3}}))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    one = procs.start([str(torchrun), "--standalone", "--nproc-per-node", "1", "-m", "trainer_svc",
+                       "--settings", str(settings)], tmp_path, "one-rank-trainer")
+    client = TrainerClient(one.address, procs.TOKEN, long_call_timeout_s=120)
+    try:
+        batch = _samples(6)[:4]
+        log = procs.Events()
+        writer = store.CheckpointWriter(tmp_path / "checkpoints", keep=2, log=log, write_limit_s=60)
+        client.train_step(batch, NllLossConfig(), global_batch_size=4, micro_batch_size=2)
+        writer.save(1, {"step": 1, "weight_version": 1, "cursor": {}}, client)
+        writer.wait()
+        client.train_step(batch, NllLossConfig(), global_batch_size=4, micro_batch_size=2)
+        writer.save(2, {"step": 2, "weight_version": 2, "cursor": {}}, StalledDisk(client))  # returns: written later
+        assert not client.checkpoint_written(str(tmp_path / "checkpoints" / ".tmp_step_000002" / "trainer"), 0.5)
+        for pid in [*_descendants(one.process.pid), one.process.pid]:  # the rank (it serves the calls) first
+            os.kill(pid, signal.SIGKILL)
+        assert isinstance(writer.settle(), store.CheckpointWriteFailed)
+        assert log.names.count("checkpoint_saved") == 1 and "checkpoint_failed" in log.names
+    finally:
+        client.close()
+        one.stop()
+    path, state = resume.find(tmp_path / "checkpoints")
+    assert path.name == "step_000001" and state.step == 1
+    assert trainer.client.load_checkpoint(str(path / "trainer")) == 1
 
 
 def test_bad_batch_and_missing_token_are_refused(trainer):

@@ -41,8 +41,9 @@ class ReferenceWeights:
     full-size copies of every parameter."""
 
     def __init__(self, params: Sequence[torch.Tensor], local: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
-                 *, compact: bool = True):
+                 *, compact: bool = True, before_swap: Callable[[], None] = lambda: None):
         self._params = list(params)
+        self._before_swap = before_swap  # e.g. a background checkpoint write still reading the parameters
         self._local = local
         with torch.no_grad():
             self._copies = [_reference_copy(local(p).detach(), compact) for p in self._params]
@@ -58,6 +59,7 @@ class ReferenceWeights:
         if policy == "current":
             yield
             return
+        self._before_swap()
         self._swap(to_reference=True)
         try:
             yield

@@ -4,6 +4,7 @@ KV cache sleeps), and the Sleep/WakeUp/ReceiveWeights(cuda_ipc_buckets) wire rou
 the client through serialized protos to the servicer."""
 
 import asyncio
+import json
 
 import pytest
 import structlog
@@ -11,7 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from generator_svc.client import GeneratorClient
-from generator_svc.config import GeneratorSettings
+from generator_svc.config import GeneratorSettings, vllm_environment
 from generator_svc.engines.sleep import memory_args
 from generator_svc.engines.vllm_engine import VllmEngine
 from tandem.generation.servicer import GeneratorServicer
@@ -71,7 +72,9 @@ async def _generate(engine):
 
 def test_memory_args_enable_sleep_mode_only_for_colocated_generators_on_cuda():
     colocated = GeneratorSettings(model_name="m", colocated=True, gpu_memory_utilization=0.4)
-    assert memory_args(colocated, "cpu") == {}  # vLLM on CPU: the KV cache is sized by VLLM_CPU_KVCACHE_SPACE
+    assert memory_args(colocated, "cpu") == {"kv_cache_memory_bytes": 1 << 30}  # no config.json to size it from
+    fixed = GeneratorSettings(model_name="m", kv_cache_space_gib=2)
+    assert memory_args(fixed, "cpu") == {}  # VLLM_CPU_KVCACHE_SPACE sizes it
     assert memory_args(colocated, "cuda") == {"gpu_memory_utilization": 0.4, "enable_sleep_mode": True}
     dedicated = GeneratorSettings(model_name="m")
     assert memory_args(dedicated, "cuda") == {"gpu_memory_utilization": 0.9, "enable_sleep_mode": False}
@@ -221,3 +224,13 @@ def test_the_wire_carries_sleep_wake_and_cuda_ipc_handles():
         client.close()
     assert servicer.engine.seen == [("sleep", 1), ("wake_up", ("weights",)), ("wake_up", None),
                                     ("ipc", payloads, plan, 7)]
+
+
+def test_the_cpu_kv_cache_is_sized_from_the_workload(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936}))
+    settings = GeneratorSettings(model_name=str(tmp_path), max_num_seqs=32, max_model_len=32, dtype="float32")
+    # 32 sequences x 32 tokens x (2 x 24 layers x 2 heads x 64 x 4 bytes) x 1.25
+    assert memory_args(settings, "cpu") == {"kv_cache_memory_bytes": 32 * 32 * 24576 * 5 // 4}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_environment(settings, {}, tmp_path)

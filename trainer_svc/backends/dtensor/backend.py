@@ -8,6 +8,7 @@ swapped into the live parameters (in place, exactly) for the duration of a refer
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,7 +106,10 @@ class DTensorBackend:
         self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                             weight_decay=opt.weight_decay, fused=True)
         self._max_grad_norm = settings.max_grad_norm or math.inf
-        self._reference = ReferenceWeights(self._params, _local)
+        self._reference = ReferenceWeights(self._params, _local, before_swap=self._unchanged_until_written)
+        self._write = checkpoint.PendingWrite.finished()  # a save's bytes on their way to disk (checkpoint.py)
+        self._saved: tuple[Path, int] | None = None  # the last save's directory and step
+        self._optimizer.register_step_pre_hook(self._unchanged_until_written)
         self.held_bytes = HeldBytes()
         self.global_step = 0
 
@@ -299,14 +303,37 @@ class DTensorBackend:
             return None
         return {name: self.held_bytes.track(full[name]) for name in self.hf_tensor_shapes}
 
-    def save_checkpoint(self, path: Path) -> None:
-        checkpoint.save_checkpoint(path, self._model, self._optimizer, rank=self.rank, world_size=self.world_size,
-                                   global_step=self.global_step, trained_only=self._lora is not None)
-        dist.barrier(group=self._env.cpu_group)
+    def save_checkpoint(self, path: Path, *, background: bool = False) -> None:
+        self._write.wait()  # the previous save's bytes first (its error, if any, surfaces here)
+        self._write = checkpoint.start_save(path, self._model, self._optimizer, rank=self.rank,
+                                            trained_only=self._lora is not None, background=background)
+        self._saved = (path, self.global_step)
+        if not background:
+            dist.barrier(group=self._env.cpu_group)  # every rank's bytes are on disk
+            if self.rank == 0:
+                self.checkpoint_written(path, timeout_s=60.0)
+
+    def checkpoint_written(self, path: Path, timeout_s: float) -> bool:
+        """Rank 0, beside the commands (no collective): wait up to timeout_s for the save into
+        `path` to be on disk on every rank, then mark it complete; False if still writing."""
+        if self._saved is None or self._saved[0] != path:
+            return checkpoint.is_checkpoint(path)
+        deadline = time.monotonic() + timeout_s
+        if not self._write.wait(timeout_s):
+            return False
+        checkpoint.finish_save(path, world_size=self.world_size, global_step=self._saved[1],
+                               timeout_s=max(deadline - time.monotonic(), 1.0))
+        return True
+
+    def _unchanged_until_written(self, *_: object) -> None:
+        """Before the parameters or Adam's state change: a background save still reading them
+        finishes (its error, if any, is the save's to report: `checkpoint_written`, the next save)."""
+        self._write.join()
 
     def load_checkpoint(self, path: Path) -> int:
         if not checkpoint.is_checkpoint(path):  # every rank raises before any collective
             raise ValueError(f"no trainer checkpoint at {path}")
+        self._write.wait()
         self.global_step = checkpoint.load_checkpoint(path, self._model, self._optimizer, rank=self.rank,
                                                       trained_only=self._lora is not None)
         return self.global_step
@@ -318,6 +345,7 @@ class DTensorBackend:
         return lora.export_adapter(self._model, self._lora, self._model_name, path, self.rank)
 
     def close(self) -> None:
+        self._write.join()  # a checkpoint still being written ends first (the process may exit next)
         self._optimizer.zero_grad(set_to_none=True)
         self._reference.clear()
 

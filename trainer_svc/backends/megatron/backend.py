@@ -328,11 +328,15 @@ class MegatronBackend:
         state = {name: self.held_bytes.track(tensor.cpu()) for name, tensor in self.iter_hf_tensors()}
         return state if self.rank == 0 else None
 
-    def save_checkpoint(self, path: Path) -> None:
+    def save_checkpoint(self, path: Path, *, background: bool = False) -> None:
+        """Synchronous either way (Megatron's own format): complete when it returns."""
         with cpu_compat.active():
             checkpoint.save_checkpoint(path, self._ddp, self._optimizer, self._scheduler, rank=self.rank,
                                        world_size=self.world_size, global_step=self.global_step)
         dist.barrier(group=self._env.cpu_group)
+
+    def checkpoint_written(self, path: Path, timeout_s: float) -> bool:
+        return checkpoint.is_checkpoint(path)
 
     def load_checkpoint(self, path: Path) -> int:
         if not checkpoint.is_checkpoint(path):

@@ -254,16 +254,32 @@ class HoldWeightsResponse(_message.Message):
     def __init__(self, num_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
-    __slots__ = ("path",)
+    __slots__ = ("path", "background")
     PATH_FIELD_NUMBER: _ClassVar[int]
+    BACKGROUND_FIELD_NUMBER: _ClassVar[int]
     path: str
-    def __init__(self, path: _Optional[str] = ...) -> None: ...
+    background: bool
+    def __init__(self, path: _Optional[str] = ..., background: _Optional[bool] = ...) -> None: ...
 
 class SaveCheckpointResponse(_message.Message):
     __slots__ = ("duration_ms",)
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     duration_ms: int
     def __init__(self, duration_ms: _Optional[int] = ...) -> None: ...
+
+class CheckpointWrittenRequest(_message.Message):
+    __slots__ = ("path", "timeout_s")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    timeout_s: float
+    def __init__(self, path: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CheckpointWrittenResponse(_message.Message):
+    __slots__ = ("written",)
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    written: bool
+    def __init__(self, written: _Optional[bool] = ...) -> None: ...
 
 class LoadCheckpointRequest(_message.Message):
     __slots__ = ("path",)

@@ -71,6 +71,11 @@ class TrainerServiceStub:
                 request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.SerializeToString,
                 response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.FromString,
                 _registered_method=True)
+        self.CheckpointWritten = channel.unary_unary(
+                '/tandem.trainer.v1.TrainerService/CheckpointWritten',
+                request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.CheckpointWrittenRequest.SerializeToString,
+                response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.CheckpointWrittenResponse.FromString,
+                _registered_method=True)
         self.ExportHf = channel.unary_unary(
                 '/tandem.trainer.v1.TrainerService/ExportHf',
                 request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ExportHfRequest.SerializeToString,
@@ -144,6 +149,14 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointWritten(self, request, context):
+        """Wait (bounded) for a background SaveCheckpoint to be on disk on every rank; rank 0 then
+        marks it complete. Runs beside the other calls (a train step).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExportHf(self, request, context):
         """Write the current policy as a Hugging Face checkpoint directory (safetensors).
         """
@@ -203,6 +216,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.LoadCheckpoint,
                     request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.FromString,
                     response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.SerializeToString,
+            ),
+            'CheckpointWritten': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointWritten,
+                    request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.CheckpointWrittenRequest.FromString,
+                    response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.CheckpointWrittenResponse.SerializeToString,
             ),
             'ExportHf': grpc.unary_unary_rpc_method_handler(
                     servicer.ExportHf,
@@ -411,6 +429,33 @@ class TrainerService:
             '/tandem.trainer.v1.TrainerService/LoadCheckpoint',
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.LoadCheckpointRequest.SerializeToString,
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.LoadCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointWritten(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.trainer.v1.TrainerService/CheckpointWritten',
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.CheckpointWrittenRequest.SerializeToString,
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.CheckpointWrittenResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,88 @@
+"""The DTensor backend's checkpoints (trainer_svc/backends/dtensor/checkpoint.py): a background
+save returns before its bytes are on disk, is not a checkpoint until `checkpoint_written`, and
+holds the state of the moment it was taken even when a train step follows at once (the step
+waits before it changes the weights); a load restores it exactly, and a write cut short is
+never a checkpoint."""
+
+import threading
+
+import pytest
+import torch
+
+from coordinator.embedded.cache import cache_root
+from coordinator.embedded.tiny_model import ensure_tiny_model
+from trainer_svc.backends.dtensor import checkpoint
+from trainer_svc.backends.dtensor.backend import DTensorBackend
+from trainer_svc.config import TrainerSettings
+from trainer_svc.types import GrpoLossConfig, Sample
+
+SAMPLES = [Sample([1, 10 + i, 12, 5, 20 + i, 30, 7 + i], 4, generation_logprobs=[-3.0, -3.1, -2.9],
+                  advantage=(-1.0) ** i * (1 + 0.1 * i)) for i in range(8)]
+LOSS = GrpoLossConfig(reference_policy_kl_penalty=0.05)  # a reference pass: the parameters are swapped too
+
+
+def _state(backend) -> list[torch.Tensor]:
+    optim = [v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone()
+             for s in backend._optimizer.state.values() for v in s.values()]
+    return [p.detach().full_tensor().clone() for p in backend._params] + optim
+
+
+@pytest.fixture
+def backend(world_of_one):
+    made = DTensorBackend(TrainerSettings(model_name=str(ensure_tiny_model(cache_root())), seed=0), world_of_one)
+    made.train_step(SAMPLES, LOSS, 8, 4, 1e-3)  # Adam's state exists
+    yield made
+    made.close()
+
+
+def test_a_background_save_holds_the_state_it_was_taken_at_while_a_step_follows(backend, world_of_one, tmp_path,
+                                                                                 monkeypatch):
+    held, write = threading.Event(), checkpoint.RawWriter.write_file
+
+    def stalled_write(self):  # a slow disk: the bytes go once the test lets them
+        assert held.wait(30)
+        write(self)
+
+    monkeypatch.setattr(checkpoint.RawWriter, "write_file", stalled_write)
+    before, step = _state(backend), backend.global_step
+    backend.save_checkpoint(tmp_path / "ckpt", background=True)  # returned with the write pending
+    assert not backend.checkpoint_written(tmp_path / "ckpt", timeout_s=0.05)
+    assert not checkpoint.is_checkpoint(tmp_path / "ckpt")
+    train = threading.Thread(target=backend.train_step, args=(SAMPLES, LOSS, 8, 4, 1e-3))
+    train.start()
+    train.join(0.5)
+    assert train.is_alive()  # it waits before it changes the weights
+    held.set()
+    train.join(60)
+    assert backend.checkpoint_written(tmp_path / "ckpt", timeout_s=30)
+    assert checkpoint.is_checkpoint(tmp_path / "ckpt") and backend.global_step == step + 1
+    trained = _state(backend)
+    assert any(not torch.equal(a, b) for a, b in zip(before, trained))
+
+    fresh = DTensorBackend(TrainerSettings(model_name=str(ensure_tiny_model(cache_root())), seed=0), world_of_one)
+    try:
+        assert fresh.load_checkpoint(tmp_path / "ckpt") == step
+        restored = _state(fresh)
+        assert len(restored) == len(before)
+        assert all(torch.equal(a, b) for a, b in zip(before, restored))  # the moment of the save, to the bit
+        again = fresh.train_step(SAMPLES, LOSS, 8, 4, 1e-3)
+        assert all(torch.equal(a, b) for a, b in zip(trained, _state(fresh)))  # and the same step from there
+        assert again.global_step == step + 1
+    finally:
+        fresh.close()
+
+
+def test_a_write_cut_short_is_not_a_checkpoint(backend, tmp_path, monkeypatch):
+    def dies_midway(self):
+        self.chunks = self.chunks[: len(self.chunks) // 2]
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(checkpoint.RawWriter, "write_file", dies_midway)
+    backend.save_checkpoint(tmp_path / "ckpt", background=True)
+    with pytest.raises(RuntimeError, match="no space left"):
+        backend.checkpoint_written(tmp_path / "ckpt", timeout_s=30)
+    assert not checkpoint.is_checkpoint(tmp_path / "ckpt")
+    monkeypatch.undo()
+    backend.train_step(SAMPLES, LOSS, 8, 4, 1e-3)  # the failed write does not stop training
+    backend.save_checkpoint(tmp_path / "ckpt")  # nor the next save, which completes (synchronous)
+    assert checkpoint.is_checkpoint(tmp_path / "ckpt")
