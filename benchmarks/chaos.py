@@ -1,0 +1,521 @@
+"""Chaos that loses nothing: a nemesis that injects faults at random moments into a real local
+`tandem run` (the embedded tiny model, 2 torchrun trainer ranks over gloo, 1 vLLM generator,
+1 reward service, fp32), and a checker that compares the outcome with the same seed's run
+without faults.
+
+    .venv/bin/python benchmarks/chaos.py --seed 1 --steps 60 --rate 4 --out benchmarks/results
+
+The nemesis (`Nemesis`) runs the `tandem run` CLI as a user would, in its own session, and from a
+schedule drawn from the seed (`schedule`) fires one fault after another: each waits a random
+delay (exponential, mean 60/rate s) after the run recovered from the previous one, then lands
+wherever the run is (a rollout, a publish, a checkpoint). Kinds (`FaultKind`):
+
+- SIGKILL of the generator's or the reward service's process group (the supervisor relaunches
+  it), of one trainer rank or of the torchrun agent (the loop relaunches the trainer and resumes
+  from the last checkpoint), of the coordinator (the nemesis runs the same command again: it
+  resumes by itself and adopts the services that outlived it);
+- SIGSTOP, then SIGCONT after hang_s, of the same processes (a hang, not a death).
+
+The services' pids come from where the fault tests read them (tests/integration/run_files.py):
+<run>/services.json, torchrun's children by their RANK. Every fault goes to <work>/faults.jsonl
+with its moment, the step the run had logged, and how long the run took to recover (to log two
+GRPO steps past the last one logged before the fault: RECOVERED_AFTER).
+
+The checker (`check`): the per-step training figures (loss, rewards, grad norm, KL, ...) and the
+exported final weights equal the fault-free run's (fp32 over gloo; exact, because every
+recovery replays from a checkpoint that holds the trainer's state, the data cursor and the RNG,
+and every sample's sampling seed is global: coordinator/loop/rollout.py); nothing the run
+started is alive at the end (every process whose environment names the run's TANDEM_HOME);
+the checkpoint directory holds every checkpoint it claims (`latest` and the last
+checkpointing.keep_top_k saves logged, each complete).
+
+Figures go to <out>/chaos-<seed>.json and a line to stdout: faults survived (per hour of run),
+time to recover per kind (median, max), the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RUN_NAME = "chaos"
+ROOT = Path(__file__).resolve().parents[1]
+RECOVERED_AFTER = 2
+"""A run has recovered from a fault once it logged this many GRPO steps past the last one logged
+before it: the step in flight when it landed (its rollout may have been done already), and one
+that began after it. So a recovery time includes about one step's time."""
+
+
+class FaultKind(enum.Enum):
+    GENERATOR_KILL = "generator_kill"
+    GENERATOR_HANG = "generator_hang"
+    REWARD_KILL = "reward_kill"
+    REWARD_HANG = "reward_hang"
+    RANK_KILL = "rank_kill"
+    RANK_HANG = "rank_hang"
+    AGENT_KILL = "agent_kill"
+    AGENT_HANG = "agent_hang"
+    COORDINATOR_KILL = "coordinator_kill"
+    COORDINATOR_HANG = "coordinator_hang"
+
+    @property
+    def hang(self) -> bool:
+        return self.value.endswith("_hang")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    delay_s: float
+    """After the run recovered from the previous fault (the first: after GRPO step 1)."""
+    hang_s: float = 0.0
+    """SIGSTOP -> SIGCONT (hangs only)."""
+    rank: int = 0
+    """The trainer rank (rank faults only)."""
+
+
+def schedule(seed: int, count: int, rate_per_min: float, kinds: list[FaultKind], *, max_hang_s: float = 8.0,
+             ranks: int = 2) -> list[Fault]:
+    """`count` faults drawn from `seed`: every kind once in a shuffled order first (so a short run
+    covers them all), then kinds at random; delays exponential with mean 60/rate_per_min s."""
+    rng = random.Random(seed)
+    order = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(max(0, count - len(kinds)))]
+    faults = []
+    for kind in order[:count]:
+        faults.append(Fault(kind, round(rng.expovariate(rate_per_min / 60.0), 2),
+                            round(rng.uniform(1.0, max_hang_s), 2) if kind.hang else 0.0, rng.randrange(ranks)))
+    return faults
+
+
+def run_args(steps: int, seed: int, run_name: str = RUN_NAME) -> list[str]:
+    """`tandem run`'s arguments: GRPO on the embedded task, fp32, a checkpoint every step (a
+    short SFT warm start first, so that rewards vary and the steps move the policy)."""
+    return ["run", "sft.max_num_steps=60", "sft.val_period=60", "sft.stop_at_accuracy=null",
+            f"grpo.max_num_steps={steps}", f"grpo.seed={seed}", "grpo.val_period=0", "grpo.max_val_samples=8",
+            "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8", "policy.precision=float32", "checkpointing.save_period=1",
+            "data.num_train=200", "data.num_val=8", "cluster.trainer_ranks=2", "cluster.num_generators=1",
+            "cluster.restart_backoff_s=0.5", "cluster.max_service_restarts=1000", "cluster.max_trainer_restarts=1000",
+            "logger.plot_enabled=false", "logger.tensorboard_enabled=false", "logger.log_dir=runs",
+            f"logger.run_name={run_name}"]
+
+
+# --- what a live run leaves in its directory (as tests/integration/run_files.py reads it) -----
+
+def grpo_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if row.get("phase") == "grpo":
+            rows.append(row)
+    return rows
+
+
+def last_step(run_dir: Path) -> int:
+    return max((r["step"] for r in grpo_rows(run_dir)), default=0)
+
+
+def services(run_dir: Path) -> dict[str, int]:
+    try:
+        return {n: e["pid"] for n, e in json.loads((run_dir / "services.json").read_text()).items()}
+    except (OSError, json.JSONDecodeError, KeyError):
+        return {}
+
+
+def torchrun_rank(agent: int, rank: int) -> int | None:
+    """The pid of torchrun's worker with RANK=`rank`, None if it has none now."""
+    try:
+        for task in Path(f"/proc/{agent}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+                if f"RANK={rank}".encode() in env:
+                    return int(child)
+    except OSError:
+        return None
+    return None
+
+
+def processes_of(home: Path) -> list[int]:
+    """Every live process (not a zombie) whose environment holds TANDEM_HOME=home: whatever the
+    run started, at any depth, whoever its parent is now."""
+    needle = f"TANDEM_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and _state(int(entry.name)) != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
+
+
+# --- the nemesis ----------------------------------------------------------------------------
+
+@dataclass
+class Injected:
+    kind: str
+    at_s: float
+    """Since the first run started."""
+    step: int
+    """The last GRPO step logged when it landed."""
+    pid: int
+    hang_s: float = 0.0
+    recovered_s: float | None = None
+    """Fault -> the run logged step `step` + RECOVERED_AFTER (or finished)."""
+    note: str = ""
+
+
+@dataclass
+class Outcome:
+    run_dir: Path
+    home: Path
+    returncode: int
+    launches: int
+    wall_s: float
+    faults: list[Injected] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class Nemesis:
+    """Runs `tandem run` in `work` and fires `faults` one after another (see the module's doc)."""
+
+    def __init__(self, work: Path, steps: int, seed: int, faults: list[Fault], *, run_name: str = RUN_NAME,
+                 timeout_s: float = 1800.0, recover_timeout_s: float = 300.0, log=print):
+        self.work, self.steps, self.seed, self.faults = work, steps, seed, faults
+        self.run_dir, self.home = work / "runs" / run_name, work / "home"
+        self.args = run_args(steps, seed, run_name)
+        self.timeout_s, self.recover_timeout_s, self._log = timeout_s, recover_timeout_s, log
+        self.launches = 0
+        self.proc: subprocess.Popen | None = None
+        self._started = 0.0
+        self._fault_log = work / "faults.jsonl"
+
+    def _launch(self) -> None:
+        self.launches += 1
+        env = {**os.environ, "TANDEM_HOME": str(self.home), "OMP_NUM_THREADS": "1", "COLUMNS": "200",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # this checkout
+        env.pop("TANDEM_TOKEN", None)
+        with open(self.work / f"console-{self.launches}.txt", "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *self.args], cwd=self.work,
+                                         env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+
+    def console(self) -> str:
+        return "".join((self.work / f"console-{i}.txt").read_text(errors="replace")
+                       for i in range(1, self.launches + 1))
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def _wait(self, condition, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.proc.poll() is not None:
+                raise RunExited(f"the run exited (rc {self.proc.returncode}) while waiting for {what}")
+            if time.monotonic() > deadline or self._elapsed() > self.timeout_s:
+                raise TimeoutError(f"no {what} within {timeout_s:.0f}s")
+            time.sleep(0.1)
+
+    def run(self) -> Outcome:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self._fault_log.write_text("")
+        self._started = time.monotonic()
+        self._launch()
+        outcome = Outcome(self.run_dir, self.home, -1, 0, 0.0)
+        try:
+            self._wait(lambda: last_step(self.run_dir) >= 1, "GRPO step 1", 900)
+            for fault in self.faults:
+                if not self._fire(fault, outcome):
+                    break
+            remaining = self.timeout_s - self._elapsed()
+            self.proc.wait(timeout=max(1.0, remaining))
+        except RunExited as exc:
+            self._log(str(exc))
+        finally:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            outcome.returncode, outcome.launches, outcome.wall_s = self.proc.returncode, self.launches, self._elapsed()
+        return outcome
+
+    def _fire(self, fault: Fault, outcome: Outcome) -> bool:
+        """Wait fault.delay_s, inject it, wait until the run recovers; False once the run is too
+        near its end for another fault."""
+        deadline = time.monotonic() + fault.delay_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        step = last_step(self.run_dir)
+        if step >= self.steps - 1:
+            return False
+        pid, note = self._target(fault)
+        if pid is None:
+            outcome.skipped.append(f"{fault.kind.value}: {note}")
+            self._log(f"skipped {fault.kind.value}: {note}")
+            return True
+        injected = Injected(fault.kind.value, round(self._elapsed(), 2), step, pid, fault.hang_s, note=note)
+        started = time.monotonic()
+        group = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.GENERATOR_HANG, FaultKind.REWARD_KILL,
+                               FaultKind.REWARD_HANG)
+        send = os.killpg if group else os.kill
+        try:
+            if fault.kind.hang:
+                send(pid, signal.SIGSTOP)
+                time.sleep(fault.hang_s)
+                send(pid, signal.SIGCONT)
+            else:
+                send(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            outcome.skipped.append(f"{fault.kind.value}: pid {pid} was gone")
+            return True
+        if fault.kind is FaultKind.COORDINATOR_KILL:
+            self.proc.wait(timeout=30)
+            self._launch()  # the same command again, as a user would
+        try:
+            self._wait(lambda: last_step(self.run_dir) >= step + RECOVERED_AFTER or self.proc.poll() == 0,
+                       f"a GRPO step after {fault.kind.value}", self.recover_timeout_s)
+        except (TimeoutError, RunExited) as exc:
+            injected.note = f"{note} NOT RECOVERED: {exc}".strip()
+            self._record(injected, outcome)
+            raise RunExited(injected.note) from exc
+        injected.recovered_s = round(time.monotonic() - started, 2)
+        self._record(injected, outcome)
+        return True
+
+    def _record(self, injected: Injected, outcome: Outcome) -> None:
+        outcome.faults.append(injected)
+        with open(self._fault_log, "a") as f:
+            f.write(json.dumps(asdict(injected)) + "\n")
+        self._log(f"[{injected.at_s:7.1f}s] {injected.kind:17s} after step {injected.step:3d} pid {injected.pid}"
+                  f"{f' for {injected.hang_s:.1f}s' if injected.hang_s else ''}: recovered in "
+                  f"{injected.recovered_s}s {injected.note}")
+
+    def _target(self, fault: Fault) -> tuple[int | None, str]:
+        pids = services(self.run_dir)
+        kind = fault.kind
+        if kind in (FaultKind.COORDINATOR_KILL, FaultKind.COORDINATOR_HANG):
+            return self.proc.pid, ""
+        name = {FaultKind.GENERATOR_KILL: "generator-0", FaultKind.GENERATOR_HANG: "generator-0",
+                FaultKind.REWARD_KILL: "reward-arithmetic", FaultKind.REWARD_HANG: "reward-arithmetic"}.get(kind, "trainer")
+        pid = pids.get(name)
+        if pid is None:
+            return None, f"no {name} in services.json"
+        if kind in (FaultKind.RANK_KILL, FaultKind.RANK_HANG):
+            rank = torchrun_rank(pid, fault.rank)
+            return rank, f"rank {fault.rank}" if rank else f"torchrun {pid} has no rank {fault.rank} now"
+        return pid, ""
+
+
+class RunExited(Exception):
+    pass
+
+
+def reference(work: Path, steps: int, seed: int, timeout_s: float = 900.0) -> Outcome:
+    """The same seed's run without faults."""
+    return Nemesis(work, steps, seed, [], timeout_s=timeout_s).run()
+
+
+# --- the checker ----------------------------------------------------------------------------
+
+COMPARED = ("loss", "pg_loss", "reward_mean", "accuracy_train", "grad_norm", "kl", "entropy",
+            "token_mult_prob_error", "completion_length_mean", "num_samples", "num_tokens", "advantage_abs_mean")
+"""The per-step figures of training. Not compared: timings, weight versions (a restart publishes
+the restored weights as a new version), service restart counts."""
+
+
+@dataclass
+class Verdict:
+    equal: bool
+    steps_equal: bool
+    weights_equal: bool
+    max_metric_diff: float
+    max_weight_diff: float
+    left_running: list[int]
+    checkpoints_ok: bool
+    problems: list[str]
+
+    @property
+    def text(self) -> str:
+        if self.equal and not self.left_running and self.checkpoints_ok:
+            exact = self.max_metric_diff == 0 and self.max_weight_diff == 0
+            return "equal to the fault-free run" + (" (bit for bit)" if exact else
+                                                    f" (within 1e-6: metrics {self.max_metric_diff:.2g}, "
+                                                    f"weights {self.max_weight_diff:.2g})")
+        return "NOT equal: " + "; ".join(self.problems)
+
+
+def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float = 1e-6,
+          settle_s: float = 15.0) -> Verdict:
+    import torch
+    from safetensors.torch import load_file
+
+    problems: list[str] = []
+    ref, got = grpo_rows(reference_dir), grpo_rows(chaos_dir)
+    max_diff, steps_equal = 0.0, [r["step"] for r in ref] == [r["step"] for r in got]
+    if not steps_equal:
+        problems.append(f"steps logged {[r['step'] for r in got]} != {[r['step'] for r in ref]}")
+    for a, b in zip(ref, got):
+        for key in (k for k in COMPARED if k in a):
+            if key not in b or math.isnan(b[key]):
+                problems.append(f"step {a['step']}: {key} missing")
+                steps_equal = False
+                continue
+            diff = abs(a[key] - b[key])
+            max_diff = max(max_diff, diff)
+            if diff > tolerance:
+                steps_equal = False
+                problems.append(f"step {a['step']}: {key} {b[key]!r} != {a[key]!r}")
+    weights_equal, max_weight_diff = False, math.inf
+    try:
+        wa, wb = (load_file(d / "hf" / "model.safetensors") for d in (reference_dir, chaos_dir))
+        if wa.keys() == wb.keys():
+            max_weight_diff = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+            weights_equal = max_weight_diff <= tolerance
+        if not weights_equal:
+            problems.append(f"final weights differ (max |diff| {max_weight_diff:.3g})")
+    except OSError as exc:
+        problems.append(f"no final weights: {exc}")
+    left = processes_of(home)
+    deadline = time.monotonic() + settle_s  # a service told to stop may take a moment
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = processes_of(home)
+    if left:
+        problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
+    checkpoints_ok = _check_checkpoints(chaos_dir, problems)
+    return Verdict(steps_equal and weights_equal, steps_equal, weights_equal, max_diff, max_weight_diff, left,
+                   checkpoints_ok, problems)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
+
+
+def _check_checkpoints(run_dir: Path, problems: list[str]) -> bool:
+    """`latest` names a complete checkpoint; so does every checkpoint the run's last session
+    logged as saved that keep_top_k keeps; every step directory there is complete."""
+    import yaml
+
+    root = run_dir / "checkpoints"
+    keep = yaml.safe_load((run_dir / "config.yaml").read_text())["checkpointing"]["keep_top_k"]
+    ok = True
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+    if latest is None or not _complete(root / latest):
+        problems.append(f"latest ({latest}) is not a complete checkpoint")
+        ok = False
+    saved = []
+    for line in (run_dir / "logs" / "coordinator.log").read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == "checkpoint_saved":
+            saved.append(Path(event["path"]).name)
+    claimed = sorted(set(saved))[-keep:]
+    for name in claimed:
+        if not _complete(root / name):
+            problems.append(f"{name} was logged as saved but is not complete on disk")
+            ok = False
+    for path in root.glob("step_*"):
+        if not _complete(path):
+            problems.append(f"{path.name} is incomplete")
+            ok = False
+    return ok
+
+
+def _complete(path: Path) -> bool:
+    trainer = path / "trainer"
+    return ((path / "coordinator.json").is_file() and (trainer / "trainer_state.json").is_file()
+            and any((trainer / "dcp").glob(".metadata")))
+
+
+# --- figures --------------------------------------------------------------------------------
+
+def figures(outcome: Outcome, verdict: Verdict, seed: int, steps: int, rate: float) -> dict:
+    by_kind: dict[str, list[float]] = {}
+    for f in outcome.faults:
+        if f.recovered_s is not None:
+            by_kind.setdefault(f.kind, []).append(f.recovered_s)
+    survived = sum(f.recovered_s is not None for f in outcome.faults)
+    return {
+        "seed": seed, "steps": steps, "rate_per_min": rate, "wall_s": round(outcome.wall_s, 1),
+        "returncode": outcome.returncode, "launches": outcome.launches,
+        "faults_injected": len(outcome.faults), "faults_survived": survived,
+        "kinds": len(by_kind), "faults_per_hour": round(survived / outcome.wall_s * 3600, 1),
+        "recover_s": {k: {"n": len(v), "median": round(statistics.median(v), 2), "max": max(v)}
+                      for k, v in sorted(by_kind.items())},
+        "skipped": outcome.skipped, "verdict": verdict.text, "left_running": verdict.left_running,
+        "max_metric_diff": verdict.max_metric_diff, "max_weight_diff": verdict.max_weight_diff,
+        "faults": [asdict(f) for f in outcome.faults],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=60, help="GRPO steps of the run")
+    parser.add_argument("--faults", type=int, default=20, help="at most this many faults (fewer if the run ends)")
+    parser.add_argument("--rate", type=float, default=6.0, help="faults per minute of run (mean)")
+    parser.add_argument("--kinds", default=",".join(k.value for k in FaultKind))
+    parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary dir)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    import tempfile
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="chaos-"))
+    kinds = [FaultKind(k) for k in args.kinds.split(",")]
+    plan = schedule(args.seed, args.faults, args.rate, kinds)
+    print(f"work: {work}\nschedule: {[(f.kind.value, f.delay_s, f.hang_s) for f in plan]}", flush=True)
+    ref_dir = work / "reference" / "runs" / RUN_NAME
+    if (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
+        ref_wall = json.loads((ref_dir / "summary.json").read_text()).get("wall_s", 0.0)
+        print(f"fault-free run: reusing {ref_dir}", flush=True)
+    else:
+        ref = reference(work / "reference", args.steps, args.seed)
+        assert ref.returncode == 0, f"the fault-free run failed: {work / 'reference'}"
+        ref_wall = ref.wall_s
+        print(f"fault-free run: {ref.wall_s:.0f}s", flush=True)
+    shutil.rmtree(work / "chaos", ignore_errors=True)
+    outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True)).run()
+    verdict = check(ref_dir, outcome.run_dir, outcome.home)
+    result = figures(outcome, verdict, args.seed, args.steps, args.rate)
+    result["reference_wall_s"] = round(ref_wall, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"chaos-seed{args.seed}-{args.steps}steps.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "faults"}, indent=1))
+    print(f"figures: {path}")
+    return 0 if verdict.text.startswith("equal") and outcome.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
