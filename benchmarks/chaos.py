@@ -205,10 +205,11 @@ class Nemesis:
     """Runs `tandem run` in `work` and fires `faults` one after another (see the module's doc)."""
 
     def __init__(self, work: Path, steps: int, seed: int, faults: list[Fault], *, run_name: str = RUN_NAME,
-                 timeout_s: float = 1800.0, recover_timeout_s: float = 300.0, log=print):
+                 timeout_s: float = 1800.0, recover_timeout_s: float = 300.0, log=print, overrides=()):
+        """overrides: more `tandem run` arguments (e.g. cluster.stopped_kill_s=5)."""
         self.work, self.steps, self.seed, self.faults = work, steps, seed, faults
         self.run_dir, self.home = work / "runs" / run_name, work / "home"
-        self.args = run_args(steps, seed, run_name)
+        self.args = [*run_args(steps, seed, run_name), *overrides]
         self.timeout_s, self.recover_timeout_s, self._log = timeout_s, recover_timeout_s, log
         self.launches = 0
         self.proc: subprocess.Popen | None = None
@@ -285,15 +286,16 @@ class Nemesis:
                                FaultKind.REWARD_HANG)
         send = os.killpg if group else os.kill
         try:
-            if fault.kind.hang:
-                send(pid, signal.SIGSTOP)
-                time.sleep(fault.hang_s)
-                send(pid, signal.SIGCONT)
-            else:
-                send(pid, signal.SIGKILL)
+            send(pid, signal.SIGSTOP if fault.kind.hang else signal.SIGKILL)
         except ProcessLookupError:
             outcome.skipped.append(f"{fault.kind.value}: pid {pid} was gone")
             return True
+        if fault.kind.hang:
+            time.sleep(fault.hang_s)
+            try:
+                send(pid, signal.SIGCONT)
+            except ProcessLookupError:  # the run found it stopped too long (cluster.stopped_kill_s) and killed it
+                injected.note = f"{note} killed while stopped, replaced".strip()
         if fault.kind is FaultKind.COORDINATOR_KILL:
             self.proc.wait(timeout=30)
             self._launch()  # the same command again, as a user would
@@ -486,6 +488,9 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=20, help="at most this many faults (fewer if the run ends)")
     parser.add_argument("--rate", type=float, default=6.0, help="faults per minute of run (mean)")
     parser.add_argument("--kinds", default=",".join(k.value for k in FaultKind))
+    parser.add_argument("--max-hang-s", type=float, default=8.0, help="hangs last 1 s to this long")
+    parser.add_argument("--stopped-kill-s", type=float, default=5.0,
+                        help="cluster.stopped_kill_s of the run with faults: a hang longer than this is replaced")
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary dir)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -493,7 +498,7 @@ def main() -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="chaos-"))
     kinds = [FaultKind(k) for k in args.kinds.split(",")]
-    plan = schedule(args.seed, args.faults, args.rate, kinds)
+    plan = schedule(args.seed, args.faults, args.rate, kinds, max_hang_s=args.max_hang_s)
     print(f"work: {work}\nschedule: {[(f.kind.value, f.delay_s, f.hang_s) for f in plan]}", flush=True)
     ref_dir = work / "reference" / "runs" / RUN_NAME
     if (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
@@ -505,7 +510,8 @@ def main() -> int:
         ref_wall = ref.wall_s
         print(f"fault-free run: {ref.wall_s:.0f}s", flush=True)
     shutil.rmtree(work / "chaos", ignore_errors=True)
-    outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True)).run()
+    outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True),
+                      overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}"]).run()
     verdict = check(ref_dir, outcome.run_dir, outcome.home)
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
     result["reference_wall_s"] = round(ref_wall, 1)
