@@ -84,6 +84,8 @@ class Fault:
     """SIGSTOP -> SIGCONT (hangs only)."""
     rank: int = 0
     """The trainer rank (rank faults only)."""
+    startup: bool = False
+    """Fired delay_s after the run was launched, while it starts (before GRPO step 1)."""
 
 
 def schedule(seed: int, count: int, rate_per_min: float, kinds: list[FaultKind], *, max_hang_s: float = 8.0,
@@ -249,8 +251,10 @@ class Nemesis:
         self._launch()
         outcome = Outcome(self.run_dir, self.home, -1, 0, 0.0)
         try:
+            for fault in (f for f in self.faults if f.startup):
+                self._fire(fault, outcome)
             self._wait(lambda: last_step(self.run_dir) >= 1, "GRPO step 1", 900)
-            for fault in self.faults:
+            for fault in (f for f in self.faults if not f.startup):
                 if not self._fire(fault, outcome):
                     break
             remaining = self.timeout_s - self._elapsed()
@@ -273,7 +277,7 @@ class Nemesis:
                 return False
             time.sleep(0.05)
         step = last_step(self.run_dir)
-        if step >= self.steps - 1:
+        if step >= self.steps - RECOVERED_AFTER:
             return False
         pid, note = self._target(fault)
         if pid is None:
@@ -491,6 +495,9 @@ def main() -> int:
     parser.add_argument("--max-hang-s", type=float, default=8.0, help="hangs last 1 s to this long")
     parser.add_argument("--stopped-kill-s", type=float, default=5.0,
                         help="cluster.stopped_kill_s of the run with faults: a hang longer than this is replaced")
+    parser.add_argument("--startup", default="", help="kinds of faults fired first, while the run starts "
+                        "(comma-separated; each --startup-delay-s after the launch)")
+    parser.add_argument("--startup-delay-s", type=float, default=10.0)
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary dir)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -498,7 +505,9 @@ def main() -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="chaos-"))
     kinds = [FaultKind(k) for k in args.kinds.split(",")]
-    plan = schedule(args.seed, args.faults, args.rate, kinds, max_hang_s=args.max_hang_s)
+    plan = [Fault(FaultKind(k), args.startup_delay_s, 2.0 if FaultKind(k).hang else 0.0, startup=True)
+            for k in filter(None, args.startup.split(","))]
+    plan += schedule(args.seed, args.faults, args.rate, kinds, max_hang_s=args.max_hang_s)
     print(f"work: {work}\nschedule: {[(f.kind.value, f.delay_s, f.hang_s) for f in plan]}", flush=True)
     ref_dir = work / "reference" / "runs" / RUN_NAME
     if (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
