@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import enum
 import json
-import math
 import os
 import random
 import shutil
@@ -49,6 +48,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from benchmarks.chaos_check import Verdict, check, last_step, services, torchrun_rank
 
 RUN_NAME = "chaos"
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,68 +113,6 @@ def run_args(steps: int, seed: int, run_name: str = RUN_NAME) -> list[str]:
             "cluster.restart_backoff_s=0.5", "cluster.max_service_restarts=1000", "cluster.max_trainer_restarts=1000",
             "logger.plot_enabled=false", "logger.tensorboard_enabled=false", "logger.log_dir=runs",
             f"logger.run_name={run_name}"]
-
-
-# --- what a live run leaves in its directory (as tests/integration/run_files.py reads it) -----
-
-def grpo_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if row.get("phase") == "grpo":
-            rows.append(row)
-    return rows
-
-
-def last_step(run_dir: Path) -> int:
-    return max((r["step"] for r in grpo_rows(run_dir)), default=0)
-
-
-def services(run_dir: Path) -> dict[str, int]:
-    try:
-        return {n: e["pid"] for n, e in json.loads((run_dir / "services.json").read_text()).items()}
-    except (OSError, json.JSONDecodeError, KeyError):
-        return {}
-
-
-def torchrun_rank(agent: int, rank: int) -> int | None:
-    """The pid of torchrun's worker with RANK=`rank`, None if it has none now."""
-    try:
-        for task in Path(f"/proc/{agent}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-                if f"RANK={rank}".encode() in env:
-                    return int(child)
-    except OSError:
-        return None
-    return None
-
-
-def processes_of(home: Path) -> list[int]:
-    """Every live process (not a zombie) whose environment holds TANDEM_HOME=home: whatever the
-    run started, at any depth, whoever its parent is now."""
-    needle = f"TANDEM_HOME={home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and _state(int(entry.name)) != "Z":
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "X"
 
 
 # --- the nemesis ----------------------------------------------------------------------------
@@ -345,123 +284,6 @@ class RunExited(Exception):
 def reference(work: Path, steps: int, seed: int, timeout_s: float = 900.0) -> Outcome:
     """The same seed's run without faults."""
     return Nemesis(work, steps, seed, [], timeout_s=timeout_s).run()
-
-
-# --- the checker ----------------------------------------------------------------------------
-
-COMPARED = ("loss", "pg_loss", "reward_mean", "accuracy_train", "grad_norm", "kl", "entropy",
-            "token_mult_prob_error", "completion_length_mean", "num_samples", "num_tokens", "advantage_abs_mean")
-"""The per-step figures of training. Not compared: timings, weight versions (a restart publishes
-the restored weights as a new version), service restart counts."""
-
-
-@dataclass
-class Verdict:
-    equal: bool
-    steps_equal: bool
-    weights_equal: bool
-    max_metric_diff: float
-    max_weight_diff: float
-    left_running: list[int]
-    checkpoints_ok: bool
-    problems: list[str]
-
-    @property
-    def text(self) -> str:
-        if self.equal and not self.left_running and self.checkpoints_ok:
-            exact = self.max_metric_diff == 0 and self.max_weight_diff == 0
-            return "equal to the fault-free run" + (" (bit for bit)" if exact else
-                                                    f" (within 1e-6: metrics {self.max_metric_diff:.2g}, "
-                                                    f"weights {self.max_weight_diff:.2g})")
-        return "NOT equal: " + "; ".join(self.problems)
-
-
-def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float = 1e-6,
-          settle_s: float = 15.0) -> Verdict:
-    import torch
-    from safetensors.torch import load_file
-
-    problems: list[str] = []
-    ref, got = grpo_rows(reference_dir), grpo_rows(chaos_dir)
-    max_diff, steps_equal = 0.0, [r["step"] for r in ref] == [r["step"] for r in got]
-    if not steps_equal:
-        problems.append(f"steps logged {[r['step'] for r in got]} != {[r['step'] for r in ref]}")
-    for a, b in zip(ref, got):
-        for key in (k for k in COMPARED if k in a):
-            if key not in b or math.isnan(b[key]):
-                problems.append(f"step {a['step']}: {key} missing")
-                steps_equal = False
-                continue
-            diff = abs(a[key] - b[key])
-            max_diff = max(max_diff, diff)
-            if diff > tolerance:
-                steps_equal = False
-                problems.append(f"step {a['step']}: {key} {b[key]!r} != {a[key]!r}")
-    weights_equal, max_weight_diff = False, math.inf
-    try:
-        wa, wb = (load_file(d / "hf" / "model.safetensors") for d in (reference_dir, chaos_dir))
-        if wa.keys() == wb.keys():
-            max_weight_diff = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
-            weights_equal = max_weight_diff <= tolerance
-        if not weights_equal:
-            problems.append(f"final weights differ (max |diff| {max_weight_diff:.3g})")
-    except OSError as exc:
-        problems.append(f"no final weights: {exc}")
-    left = processes_of(home)
-    deadline = time.monotonic() + settle_s  # a service told to stop may take a moment
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = processes_of(home)
-    if left:
-        problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
-    checkpoints_ok = _check_checkpoints(chaos_dir, problems)
-    return Verdict(steps_equal and weights_equal, steps_equal, weights_equal, max_diff, max_weight_diff, left,
-                   checkpoints_ok, problems)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-    except OSError:
-        return "?"
-
-
-def _check_checkpoints(run_dir: Path, problems: list[str]) -> bool:
-    """`latest` names a complete checkpoint; so does every checkpoint the run's last session
-    logged as saved that keep_top_k keeps; every step directory there is complete."""
-    import yaml
-
-    root = run_dir / "checkpoints"
-    keep = yaml.safe_load((run_dir / "config.yaml").read_text())["checkpointing"]["keep_top_k"]
-    ok = True
-    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
-    if latest is None or not _complete(root / latest):
-        problems.append(f"latest ({latest}) is not a complete checkpoint")
-        ok = False
-    saved = []
-    for line in (run_dir / "logs" / "coordinator.log").read_text(errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if event.get("event") == "checkpoint_saved":
-            saved.append(Path(event["path"]).name)
-    claimed = sorted(set(saved))[-keep:]
-    for name in claimed:
-        if not _complete(root / name):
-            problems.append(f"{name} was logged as saved but is not complete on disk")
-            ok = False
-    for path in root.glob("step_*"):
-        if not _complete(path):
-            problems.append(f"{path.name} is incomplete")
-            ok = False
-    return ok
-
-
-def _complete(path: Path) -> bool:
-    trainer = path / "trainer"
-    return ((path / "coordinator.json").is_file() and (trainer / "trainer_state.json").is_file()
-            and any((trainer / "dcp").glob(".metadata")))
 
 
 # --- figures --------------------------------------------------------------------------------

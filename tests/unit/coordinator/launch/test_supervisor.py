@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import structlog
 
@@ -126,8 +127,8 @@ def test_a_service_with_a_process_stopped_past_stopped_kill_s_is_killed_a_shorte
     """A service's child (as vLLM's engine below a generator, torchrun's ranks below the agent)
     stopped with SIGSTOP: killed once stopped for stopped_kill_s, not before, and a SIGCONT in
     between starts the count again. Without this a stopped service was waited for forever."""
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                               "c = subprocess.Popen(['sleep', '60']); print(c.pid, flush=True); time.sleep(60)"],
+    script = "import subprocess, time; c = subprocess.Popen(['sleep', '60']); print(c.pid, flush=True); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", script],
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         child = int(parent.stdout.readline())
@@ -160,6 +161,6 @@ def test_a_service_with_a_process_stopped_past_stopped_kill_s_is_killed_a_shorte
 
 def _wait_state(pid: int, state: str) -> None:
     deadline = time.monotonic() + 10
-    while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != state:
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != state:
         assert time.monotonic() < deadline, f"pid {pid} never reached state {state}"
         time.sleep(0.01)
