@@ -307,6 +307,25 @@ def figures(outcome: Outcome, verdict: Verdict, seed: int, steps: int, rate: flo
     }
 
 
+def markdown(result: dict) -> str:
+    """The figures as a dated results page: the verdict, faults survived, recovery per kind."""
+    rows = "\n".join(f"| {kind} | {r['n']} | {r['median']} | {r['max']} |" for kind, r in result["recover_s"].items())
+    replaced = sum("replaced" in f["note"] for f in result["faults"])
+    return (f"# Chaos run, seed {result['seed']}: {result['verdict']}\n\n"
+            f"`{result.get('command', 'benchmarks/chaos.py')}`\n\n"
+            f"A real `tandem run` of {result['steps']} GRPO steps (embedded tiny model, 2 trainer ranks over gloo, "
+            f"1 vLLM generator, 1 reward service, fp32, a checkpoint every step) took "
+            f"{result['faults_injected']} faults of {result['kinds']} kinds in {result['wall_s']:.0f} s "
+            f"({result['faults_per_hour']} survived per hour of run; {result['launches']} launches of the same "
+            f"command; {replaced} hangs outlasted cluster.stopped_kill_s and were replaced); the same seed without "
+            f"faults took {result.get('reference_wall_s', 0):.0f} s. Faults survived: {result['faults_survived']}. "
+            f"Largest difference from the fault-free run: per-step figures {result['max_metric_diff']}, final "
+            f"weights {result['max_weight_diff']}.\n\n"
+            "Time to recover (s): from the fault to the run logging the second GRPO step past the last one logged "
+            "before it (so about one step's time is included); hangs include the time stopped.\n\n"
+            f"| fault | n | median | max |\n| --- | --- | --- | --- |\n{rows}\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -346,11 +365,13 @@ def main() -> int:
     verdict = check(ref_dir, outcome.run_dir, outcome.home)
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
     result["reference_wall_s"] = round(ref_wall, 1)
+    result["command"] = "benchmarks/chaos.py " + " ".join(sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"chaos-seed{args.seed}-{args.steps}steps.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "faults"}, indent=1))
-    print(f"figures: {path}")
+    stem = args.out / f"{time.strftime('%Y-%m-%d')}-chaos-seed{args.seed}-{args.steps}steps"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"figures: {stem}.json, {stem}.md")
     return 0 if verdict.text.startswith("equal") and outcome.returncode == 0 else 1
 
 
