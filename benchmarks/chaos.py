@@ -49,7 +49,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.chaos_check import Verdict, check, last_step, services, torchrun_rank
+from benchmarks.chaos_check import Verdict, check, check_async, last_step, services, torchrun_rank
 
 RUN_NAME = "chaos"
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,12 +102,17 @@ def schedule(seed: int, count: int, rate_per_min: float, kinds: list[FaultKind],
     return faults
 
 
+ASYNC_ARGS = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1"]
+"""The asynchronous mode: rollouts run up to one step ahead of training."""
+PROMPTS, GENERATIONS = 4, 4
+
+
 def run_args(steps: int, seed: int, run_name: str = RUN_NAME) -> list[str]:
     """`tandem run`'s arguments: GRPO on the embedded task, fp32, a checkpoint every step (a
     short SFT warm start first, so that rewards vary and the steps move the policy)."""
     return ["run", "sft.max_num_steps=60", "sft.val_period=60", "sft.stop_at_accuracy=null",
             f"grpo.max_num_steps={steps}", f"grpo.seed={seed}", "grpo.val_period=0", "grpo.max_val_samples=8",
-            "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
+            f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={GENERATIONS}", "policy.train_global_batch_size=16",
             "policy.train_micro_batch_size=8", "policy.precision=float32", "checkpointing.save_period=1",
             "data.num_train=200", "data.num_val=8", "cluster.trainer_ranks=2", "cluster.num_generators=1",
             "cluster.restart_backoff_s=0.5", "cluster.max_service_restarts=1000", "cluster.max_trainer_restarts=1000",
@@ -339,6 +344,8 @@ def main() -> int:
     parser.add_argument("--startup", default="", help="kinds of faults fired first, while the run starts "
                         "(comma-separated; each --startup-delay-s after the launch)")
     parser.add_argument("--startup-delay-s", type=float, default=10.0)
+    parser.add_argument("--async", dest="asynchronous", action="store_true",
+                        help="asynchronous GRPO (rollouts one step ahead); checked by check_async")
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary dir)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -351,7 +358,9 @@ def main() -> int:
     plan += schedule(args.seed, args.faults, args.rate, kinds, max_hang_s=args.max_hang_s)
     print(f"work: {work}\nschedule: {[(f.kind.value, f.delay_s, f.hang_s) for f in plan]}", flush=True)
     ref_dir = work / "reference" / "runs" / RUN_NAME
-    if (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
+    if args.asynchronous:  # compared with no run: what it trained is timing-dependent (see check_async)
+        ref_wall = 0.0
+    elif (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
         ref_wall = json.loads((ref_dir / "summary.json").read_text()).get("wall_s", 0.0)
         print(f"fault-free run: reusing {ref_dir}", flush=True)
     else:
@@ -361,18 +370,21 @@ def main() -> int:
         print(f"fault-free run: {ref.wall_s:.0f}s", flush=True)
     shutil.rmtree(work / "chaos", ignore_errors=True)
     outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True),
-                      overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}"]).run()
-    verdict = check(ref_dir, outcome.run_dir, outcome.home)
+                      overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}",
+                                 *(ASYNC_ARGS if args.asynchronous else [])]).run()
+    verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, batch=PROMPTS * GENERATIONS, max_age=1)
+               if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home))
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
     result["reference_wall_s"] = round(ref_wall, 1)
     result["command"] = "benchmarks/chaos.py " + " ".join(sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{time.strftime('%Y-%m-%d')}-chaos-seed{args.seed}-{args.steps}steps"
+    mode = "-async" if args.asynchronous else ""
+    stem = args.out / f"{time.strftime('%Y-%m-%d')}-chaos{mode}-seed{args.seed}-{args.steps}steps"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     stem.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
     print(f"figures: {stem}.json, {stem}.md")
-    return 0 if verdict.text.startswith("equal") and outcome.returncode == 0 else 1
+    return 0 if verdict.passed and outcome.returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -101,9 +101,17 @@ class Verdict:
     checkpoints_ok: bool
     problems: list[str]
 
+    asynchronous: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.equal and not self.left_running and self.checkpoints_ok
+
     @property
     def text(self) -> str:
-        if self.equal and not self.left_running and self.checkpoints_ok:
+        if self.asynchronous:
+            return "nothing lost, nothing twice" if self.passed else "LOST OR TWICE: " + "; ".join(self.problems)
+        if self.passed:
             exact = self.max_metric_diff == 0 and self.max_weight_diff == 0
             return "equal to the fault-free run" + (" (bit for bit)" if exact else
                                                     f" (within 1e-6: metrics {self.max_metric_diff:.2g}, "
@@ -141,11 +149,7 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
             problems.append(f"final weights differ (max |diff| {max_weight_diff:.3g})")
     except OSError as exc:
         problems.append(f"no final weights: {exc}")
-    left = processes_of(home)
-    deadline = time.monotonic() + settle_s  # a service told to stop may take a moment
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = processes_of(home)
+    left = _left_running(home, settle_s)
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
     checkpoints_ok = _check_checkpoints(chaos_dir, problems)
@@ -196,3 +200,42 @@ def _complete(path: Path) -> bool:
     trainer = path / "trainer"
     return ((path / "coordinator.json").is_file() and (trainer / "trainer_state.json").is_file()
             and any((trainer / "dcp").glob(".metadata")))
+
+
+def check_async(run_dir: Path, home: Path, *, steps: int, batch: int, max_age: int, settle_s: float = 15.0) -> Verdict:
+    """An asynchronous run has no fault-free twin to equal: which weights sampled a batch depends on
+    timing. What it must keep: every step 1..steps trained once in the run's final history (a
+    restart drops the rows after its checkpoint and trains those steps again, on the restored
+    state), each on a full batch (`batch` samples), none older than `max_age` versions; the
+    exported weights; nothing left running; the checkpoints it claims. Not checked here: the
+    identity of each prompt trained (the run does not log it; the cursor in each checkpoint,
+    coordinator/checkpoint/resume.py, is what makes a resume draw the prompts after it)."""
+    problems: list[str] = []
+    rows = grpo_rows(run_dir)
+    logged = [r["step"] for r in rows]
+    if logged != list(range(1, steps + 1)):
+        twice = sorted({s for s in logged if logged.count(s) > 1})
+        lost = sorted(set(range(1, steps + 1)) - set(logged))
+        problems.append(f"steps trained twice {twice}, lost {lost}")
+    for row in rows:
+        if row.get("num_samples") != batch:
+            problems.append(f"step {row['step']}: {row.get('num_samples')} samples, not {batch}")
+        if row.get("trajectory_age_max", 0) > max_age:
+            problems.append(f"step {row['step']}: a trajectory {row['trajectory_age_max']} versions old (bound {max_age})")
+    if not (run_dir / "hf" / "model.safetensors").is_file():
+        problems.append("no final weights")
+    left = _left_running(home, settle_s)
+    if left:
+        problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
+    checkpoints_ok = _check_checkpoints(run_dir, problems)
+    fine = not problems
+    return Verdict(fine, fine, fine, 0.0, 0.0, left, checkpoints_ok, problems, asynchronous=True)
+
+
+def _left_running(home: Path, settle_s: float) -> list[int]:
+    left = processes_of(home)
+    deadline = time.monotonic() + settle_s  # a service told to stop may take a moment
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = processes_of(home)
+    return left
