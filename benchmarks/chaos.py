@@ -224,6 +224,7 @@ class Nemesis:
         if step >= self.steps - RECOVERED_AFTER:
             return False
         pid, note = self._target(fault)
+        launched = services(self.run_dir)
         if pid is None:
             outcome.skipped.append(f"{fault.kind.value}: {note}")
             self._log(f"skipped {fault.kind.value}: {note}")
@@ -255,6 +256,8 @@ class Nemesis:
             self._record(injected, outcome)
             raise RunExited(injected.note) from exc
         injected.recovered_s = round(time.monotonic() - started, 2)
+        if fault.kind.hang and "replaced" not in injected.note and _replaced(launched, services(self.run_dir), fault):
+            injected.note = f"{note} stopped past cluster.stopped_kill_s, replaced".strip()
         self._record(injected, outcome)
         return True
 
@@ -280,6 +283,13 @@ class Nemesis:
             rank = torchrun_rank(pid, fault.rank)
             return rank, f"rank {fault.rank}" if rank else f"torchrun {pid} has no rank {fault.rank} now"
         return pid, ""
+
+
+def _replaced(before: dict[str, int], after: dict[str, int], fault: Fault) -> bool:
+    """Whether the service a hang stopped was relaunched meanwhile (a new pid in services.json)."""
+    name = {FaultKind.GENERATOR_HANG: "generator-0", FaultKind.REWARD_HANG: "reward-arithmetic",
+            FaultKind.RANK_HANG: "trainer", FaultKind.AGENT_HANG: "trainer"}.get(fault.kind)
+    return name is not None and before.get(name) != after.get(name)
 
 
 class RunExited(Exception):
