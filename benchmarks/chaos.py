@@ -49,7 +49,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.chaos_check import Verdict, check, check_async, last_step, services, torchrun_rank
+from benchmarks.chaos_check import Verdict, check, check_async, last_step, services, stop_everything, torchrun_rank
 
 RUN_NAME = "chaos"
 ROOT = Path(__file__).resolve().parents[1]
@@ -385,6 +385,7 @@ def main() -> int:
     verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, batch=PROMPTS * GENERATIONS, max_age=1)
                if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home))
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
+    stop_everything(outcome.home)  # after a failed run
     result["reference_wall_s"] = round(ref_wall, 1)
     result["command"] = "benchmarks/chaos.py " + " ".join(sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)

@@ -127,7 +127,7 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
     ref, got = grpo_rows(reference_dir), grpo_rows(chaos_dir)
     max_diff, steps_equal = 0.0, [r["step"] for r in ref] == [r["step"] for r in got]
     if not steps_equal:
-        problems.append(f"steps logged {[r['step'] for r in got]} != {[r['step'] for r in ref]}")
+        problems.append(f"steps logged {_steps([r['step'] for r in got])}, not {_steps([r['step'] for r in ref])}")
     for a, b in zip(ref, got):
         for key in (k for k in COMPARED if k in a):
             if key not in b or math.isnan(b[key]):
@@ -148,7 +148,7 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
         if not weights_equal:
             problems.append(f"final weights differ (max |diff| {max_weight_diff:.3g})")
     except OSError as exc:
-        problems.append(f"no final weights: {exc}")
+        problems.append(f"no final weights ({type(exc).__name__})")
     left = _left_running(home, settle_s)
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
@@ -158,10 +158,19 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
 
 
 def _cmdline(pid: int) -> str:
+    """What the process runs, without paths: `-m module`, or the program's file name."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return "?"
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1]
+    return Path(argv[0]).name if argv and argv[0] else "?"
+
+
+def _steps(steps: list[int]) -> str:
+    """1..61 for a contiguous list, else the list."""
+    return f"{steps[0]}..{steps[-1]}" if steps and steps == list(range(steps[0], steps[-1] + 1)) else str(steps)
 
 
 def _check_checkpoints(run_dir: Path, problems: list[str]) -> bool:
@@ -238,4 +247,18 @@ def _left_running(home: Path, settle_s: float) -> list[int]:
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
         left = processes_of(home)
+    return left
+
+
+def stop_everything(home: Path) -> list[int]:
+    """SIGKILL whatever the run left (after a failed run: services outlive a killed coordinator by
+    design, for their coordinator_wait_s); returns the pids killed."""
+    import signal
+
+    left = processes_of(home)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     return left

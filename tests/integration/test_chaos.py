@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from benchmarks.chaos import FaultKind, Nemesis, check, figures, reference, schedule
+from benchmarks.chaos_check import stop_everything
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +29,17 @@ def test_ten_faults_of_ten_kinds_and_the_run_equals_the_fault_free_one(tmp_path)
     plan = schedule(SEED, len(FaultKind), rate_per_min=60.0, kinds=list(FaultKind), max_hang_s=4.0)
     assert {f.kind for f in plan} == set(FaultKind)
     nemesis = Nemesis(tmp_path / "chaos", STEPS, SEED, plan)
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(reference, tmp_path / "reference", STEPS, SEED)
-        outcome = nemesis.run()
-        straight = running.result()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(reference, tmp_path / "reference", STEPS, SEED)
+            outcome = nemesis.run()
+            straight = running.result()
+        verdict = check(straight.run_dir, outcome.run_dir, outcome.home)
+    finally:
+        stop_everything(tmp_path / "chaos" / "home")
+        stop_everything(tmp_path / "reference" / "home")
     assert straight.returncode == 0, (tmp_path / "reference" / "console-1.txt").read_text()[-3000:]
     assert outcome.returncode == 0, nemesis.console()[-5000:]
-    verdict = check(straight.run_dir, outcome.run_dir, outcome.home)
     result = figures(outcome, verdict, SEED, STEPS, 60.0)
     print(f"\n{result['faults_survived']} faults survived of {len(plan)} planned; recovery (s) by kind: "
           f"{result['recover_s']}; verdict: {verdict.text}")
