@@ -49,10 +49,21 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.chaos_check import Verdict, check, check_async, last_step, services, stop_everything, torchrun_rank
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the checkout's packages, this file's sibling
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.chaos_check import (
+    Verdict,
+    check,
+    check_async,
+    last_step,
+    services,
+    stop_everything,
+    torchrun_rank,
+)
 
 RUN_NAME = "chaos"
-ROOT = Path(__file__).resolve().parents[1]
 RECOVERED_AFTER = 2
 """A run has recovered from a fault once it logged this many GRPO steps past the last one logged
 before it: the step in flight when it landed (its rollout may have been done already), and one
