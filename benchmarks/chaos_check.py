@@ -1,6 +1,6 @@
 """The checker of benchmarks/chaos.py: whether a run that took faults equals the same seed's run
-without them (`check`), and what a live run leaves in its directory (read as
-tests/integration/run_files.py reads it).
+without them (`check`; an asynchronous one: `check_async`), what a live run leaves in its
+directory (read as tests/integration/run_files.py reads it), and the figures the benchmark writes.
 
 Equal means: every GRPO step's training figures (COMPARED) and the exported final weights within
 `tolerance` of the fault-free run's (fp32 over gloo: in practice bit for bit, because every
@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # --- what a live run leaves in its directory (as tests/integration/run_files.py reads it) -----
@@ -262,3 +263,44 @@ def stop_everything(home: Path) -> list[int]:
         except ProcessLookupError:
             pass
     return left
+
+
+# --- figures --------------------------------------------------------------------------------
+
+def figures(outcome, verdict: Verdict, seed: int, steps: int, rate: float) -> dict:
+    """What benchmarks/chaos.py writes: its Outcome's faults, recovery per kind, the verdict."""
+    by_kind: dict[str, list[float]] = {}
+    for f in outcome.faults:
+        if f.recovered_s is not None:
+            by_kind.setdefault(f.kind, []).append(f.recovered_s)
+    survived = sum(f.recovered_s is not None for f in outcome.faults)
+    return {
+        "seed": seed, "steps": steps, "rate_per_min": rate, "wall_s": round(outcome.wall_s, 1),
+        "returncode": outcome.returncode, "launches": outcome.launches,
+        "faults_injected": len(outcome.faults), "faults_survived": survived,
+        "kinds": len(by_kind), "faults_per_hour": round(survived / outcome.wall_s * 3600, 1),
+        "recover_s": {k: {"n": len(v), "median": round(statistics.median(v), 2), "max": max(v)}
+                      for k, v in sorted(by_kind.items())},
+        "skipped": outcome.skipped, "verdict": verdict.text, "left_running": verdict.left_running,
+        "max_metric_diff": verdict.max_metric_diff, "max_weight_diff": verdict.max_weight_diff,
+        "faults": [asdict(f) for f in outcome.faults],
+    }
+
+
+def markdown(result: dict) -> str:
+    """The figures as a dated results page: the verdict, faults survived, recovery per kind."""
+    rows = "\n".join(f"| {kind} | {r['n']} | {r['median']} | {r['max']} |" for kind, r in result["recover_s"].items())
+    replaced = sum("replaced" in f["note"] for f in result["faults"])
+    return (f"# Chaos run, seed {result['seed']}: {result['verdict']}\n\n"
+            f"`{result.get('command', 'benchmarks/chaos.py')}`\n\n"
+            f"A real `tandem run` of {result['steps']} GRPO steps (embedded tiny model, 2 trainer ranks over gloo, "
+            f"1 vLLM generator, 1 reward service, fp32, a checkpoint every step) took "
+            f"{result['faults_injected']} faults of {result['kinds']} kinds in {result['wall_s']:.0f} s "
+            f"({result['faults_per_hour']} survived per hour of run; {result['launches']} launches of the same "
+            f"command; {replaced} hangs outlasted cluster.stopped_kill_s and were replaced); the same seed without "
+            f"faults took {result.get('reference_wall_s', 0):.0f} s. Faults survived: {result['faults_survived']}. "
+            f"Largest difference from the fault-free run: per-step figures {result['max_metric_diff']}, final "
+            f"weights {result['max_weight_diff']}.\n\n"
+            "Time to recover (s): from the fault to the run logging the second GRPO step past the last one logged "
+            "before it (so about one step's time is included); hangs include the time stopped.\n\n"
+            f"| fault | n | median | max |\n| --- | --- | --- | --- |\n{rows}\n")
