@@ -312,6 +312,19 @@ def reference(work: Path, steps: int, seed: int, timeout_s: float = 900.0) -> Ou
     return Nemesis(work, steps, seed, [], timeout_s=timeout_s).run()
 
 
+def _without_paths(argv: list[str]) -> list[str]:
+    """The arguments without --work/--out and their values (paths of this machine)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--work", "--out"):
+            skip = True
+        elif not arg.startswith(("--work=", "--out=")):
+            kept.append(arg)
+    return kept
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -358,7 +371,8 @@ def main() -> int:
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
     stop_everything(outcome.home)  # after a failed run
     result["reference_wall_s"] = round(ref_wall, 1)
-    result["command"] = "benchmarks/chaos.py " + " ".join(sys.argv[1:])
+    result["asynchronous"] = args.asynchronous
+    result["command"] = "benchmarks/chaos.py " + " ".join(_without_paths(sys.argv[1:]))
     args.out.mkdir(parents=True, exist_ok=True)
     mode = "-async" if args.asynchronous else ""
     stem = args.out / f"{time.strftime('%Y-%m-%d')}-chaos{mode}-seed{args.seed}-{args.steps}steps"

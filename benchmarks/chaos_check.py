@@ -291,16 +291,18 @@ def markdown(result: dict) -> str:
     """The figures as a dated results page: the verdict, faults survived, recovery per kind."""
     rows = "\n".join(f"| {kind} | {r['n']} | {r['median']} | {r['max']} |" for kind, r in result["recover_s"].items())
     replaced = sum("replaced" in f["note"] for f in result["faults"])
+    compared = ("Asynchronous GRPO (rollouts up to one step ahead): checked by check_async, with no fault-free twin."
+                if result.get("asynchronous") else
+                f"The same seed without faults took {result.get('reference_wall_s', 0):.0f} s. Largest difference "
+                f"from it: per-step figures {result['max_metric_diff']}, final weights {result['max_weight_diff']}.")
     return (f"# Chaos run, seed {result['seed']}: {result['verdict']}\n\n"
             f"`{result.get('command', 'benchmarks/chaos.py')}`\n\n"
             f"A real `tandem run` of {result['steps']} GRPO steps (embedded tiny model, 2 trainer ranks over gloo, "
             f"1 vLLM generator, 1 reward service, fp32, a checkpoint every step) took "
-            f"{result['faults_injected']} faults of {result['kinds']} kinds in {result['wall_s']:.0f} s "
-            f"({result['faults_per_hour']} survived per hour of run; {result['launches']} launches of the same "
-            f"command; {replaced} hangs outlasted cluster.stopped_kill_s and were replaced); the same seed without "
-            f"faults took {result.get('reference_wall_s', 0):.0f} s. Faults survived: {result['faults_survived']}. "
-            f"Largest difference from the fault-free run: per-step figures {result['max_metric_diff']}, final "
-            f"weights {result['max_weight_diff']}.\n\n"
+            f"{result['faults_injected']} faults of {result['kinds']} kinds in {result['wall_s']:.0f} s and survived "
+            f"{result['faults_survived']} ({result['faults_per_hour']} per hour of run; {result['launches']} launches "
+            f"of the same command; {replaced} hangs outlasted cluster.stopped_kill_s and were replaced). "
+            f"{compared}\n\n"
             "Time to recover (s): from the fault to the run logging the second GRPO step past the last one logged "
             "before it (so about one step's time is included); hangs include the time stopped.\n\n"
             f"| fault | n | median | max |\n| --- | --- | --- | --- |\n{rows}\n")
