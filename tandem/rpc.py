@@ -120,23 +120,35 @@ class RpcFailure(Exception):
         self.details = details
 
 
-def _failure(exc: grpc.RpcError) -> RpcFailure:
+def _failure(exc: grpc.RpcError, waited_for: str = "") -> RpcFailure:
+    """waited_for: the call, named in the details of an expired deadline (gRPC says only
+    "Deadline Exceeded", which does not tell a hung trainer from a hung reward service)."""
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
     status = Status.__members__.get(code.name if code is not None else "UNKNOWN", Status.UNKNOWN)
+    if status is Status.DEADLINE_EXCEEDED and waited_for:
+        details = f"{details or 'Deadline Exceeded'} (waiting for {waited_for})"
     return RpcFailure(status, details or "")
+
+
+def _call_name(method, args) -> str:
+    """`Client.method at host:port` for a typed client's method (its first argument)."""
+    owner = args[0] if args else None
+    address = getattr(owner, "address", None)
+    name = f"{type(owner).__name__}.{method.__name__}" if owner is not None else method.__name__
+    return f"{name} at {address}" if isinstance(address, str) else name
 
 
 def rpc_failures(method):
     """Decorator of a typed client's methods: a grpc.RpcError (from a call, or while iterating a
-    stream) becomes an RpcFailure."""
+    stream) becomes an RpcFailure; an expired deadline names the call and the server's address."""
     if inspect.isgeneratorfunction(method):
         @functools.wraps(method)
         def stream(*args, **kwargs):
             try:
                 yield from method(*args, **kwargs)
             except grpc.RpcError as exc:
-                raise _failure(exc) from exc
+                raise _failure(exc, _call_name(method, args)) from exc
         return stream
 
     @functools.wraps(method)
@@ -144,7 +156,7 @@ def rpc_failures(method):
         try:
             return method(*args, **kwargs)
         except grpc.RpcError as exc:
-            raise _failure(exc) from exc
+            raise _failure(exc, _call_name(method, args)) from exc
     return call
 
 

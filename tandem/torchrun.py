@@ -22,11 +22,20 @@ rank 0 binds it again only seconds later, once it has imported torch, and meanwh
 outgoing connection on the host could be given that same port as its own end ("the store
 cannot listen on 127.0.0.1:P: Address already in use", seen in a full test run). Below the
 ephemeral range the kernel never hands a port out by itself. `torchrun_head` launches it.
+
+A worker dies with its agent (`die_with_agent`, called by every trainer rank as it starts): torch
+starts the ranks in sessions of their own, so once a SIGKILL took the agent nothing else would
+stop them (the launcher finds a service's processes through its leader, and the agent's children
+pass to init), and the orphaned rank 0 would go on serving and heartbeating as the trainer
+beside the one the coordinator relaunches (found by benchmarks/chaos.py).
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import random
+import signal
 import socket
 import sys
 import uuid
@@ -79,6 +88,22 @@ def master_port(tries: int = 200) -> int:
     with socket.socket() as probe:
         probe.bind(("", 0))
         return probe.getsockname()[1]
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_agent() -> None:
+    """Under torchrun (TORCHELASTIC_RUN_ID set), make this worker get SIGKILL when its agent
+    (its parent) dies; if the agent is gone already, die now. Elsewhere (a plain `python -m
+    trainer_svc`, a world of one) nothing changes. Linux only (prctl); a no-op where it is absent."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    agent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if agent == 1 or os.getppid() != agent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> int:

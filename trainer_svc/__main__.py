@@ -17,10 +17,12 @@ from tandem import service
 from tandem.logs import configure_logging
 from tandem.process_logs import exit_now
 from tandem.rpc import TokenMissing, load_token
+from tandem.torchrun import die_with_agent
 from trainer_svc.config import TrainerSettings
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_agent()  # an orphaned rank must not serve beside the relaunched trainer
     args = service.parse_args("Tandem trainer service (run under torchrun)", argv)
     if args.settings is None:
         raise SystemExit("--settings PATH is required (a JSON file of trainer_svc.config.TrainerSettings)")

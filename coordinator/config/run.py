@@ -75,6 +75,11 @@ class ClusterConfig(Section):
     mode), the first after restart_backoff_s, each later one after twice the wait before."""
     restart_backoff_s: float = Field(1.0, ge=0)
     """Wait before the first relaunch of a dead generator or reward service."""
+    stopped_kill_s: float = Field(30.0, gt=0)
+    """A service the run launched (local mode) with a process stopped (SIGSTOP, a debugger: state T)
+    this long is killed, so that it is replaced as a dead one (a generator or reward service
+    relaunched, the trainer relaunched from the last checkpoint). A stop shorter than this is a
+    pause: the service goes on where it was."""
 
 
 class CheckpointingConfig(Section):

@@ -100,6 +100,14 @@ class LocalLauncher:
                               restarts=self.restarts[name])
             self._start(child.spec)
 
+    def kill(self, name: str) -> None:
+        """SIGKILL the named service's whole tree (it then counts as exited, with code -9)."""
+        with self._lock:
+            child = next((c for c in self._children if c.spec.name == name), None)
+            if child is not None:
+                _kill_tree(child.process.pid)
+                self._log.warning("service_killed", name=name, pid=child.process.pid)
+
     def exited_nonessential(self) -> dict[str, int]:
         """Name -> exit code of each service the run can lose (generators, rewards) that has exited."""
         with self._lock:

@@ -90,7 +90,8 @@ class LocalCluster:
         self.startup_s = 0.0
         self.supervisor = Supervisor(self.launcher, self.registry, self.status, log, needs=self._needs, notify=notify,
                                      max_restarts=cfg.cluster.max_service_restarts, backoff_s=cfg.cluster.restart_backoff_s,
-                                     relaunch=cfg.cluster.launch.starts_services)
+                                     relaunch=cfg.cluster.launch.starts_services,
+                                     stopped_kill_s=cfg.cluster.stopped_kill_s)
 
     def __enter__(self) -> Services:
         started = time.perf_counter()

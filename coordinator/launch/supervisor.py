@@ -9,6 +9,13 @@ A background thread, started once every service has registered and stopped befor
   goes on with the others, or waits for one to join). The trainer is not relaunched here: its
   death (`trainer_dead`, below) sends the loop back to its last checkpoint
   (coordinator/run/grpo_run.py), which relaunches it.
+- Stopped services. A service whose process (or any process below it: torchrun's ranks, vLLM's
+  engine) has been stopped (SIGSTOP: state T) for stopped_kill_s (cluster.stopped_kill_s) is
+  killed, so that it is replaced as above (the trainer: by the loop, from its last checkpoint).
+  Its heartbeats stop with it, so membership drops it after its timeout (registry.py) and no new
+  work goes to it meanwhile; a stop shorter than stopped_kill_s is a pause, and the service goes
+  on where it was. So a hang by SIGSTOP is replaced within stopped_kill_s + 2 ticks, plus the
+  relaunch (found by benchmarks/chaos.py: a stopped service was waited for forever).
 - Notices. While the run lacks a service it needs (no live trainer, no live generator, no
   live reward service for a task), `notify` gets a line saying what is missing and what is
   being done about it, at once and then every notice_period_s, and once more when it is back.
@@ -24,9 +31,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from coordinator.launch.adopted import descendants
 from coordinator.launch.launcher import LocalLauncher
 from coordinator.membership.registry import Member, Registry
 from coordinator.membership.status import RunStatus
+from coordinator.membership.vitals import process_vitals
 from tandem.kinds import ServiceKind
 from tandem.rpc import RpcFailure
 
@@ -51,12 +60,16 @@ class Supervisor:
     def __init__(self, launcher: LocalLauncher, registry: Registry, status: RunStatus, log, *,
                  needs: Callable[[], dict[str, Need]], notify: Callable[[str], None] | None = None,
                  max_restarts: int = 3, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
-                 notice_period_s: float = 5.0, grace_s: float = 1.0, poll_s: float = 0.25, relaunch: bool = True):
+                 notice_period_s: float = 5.0, grace_s: float = 1.0, poll_s: float = 0.25, relaunch: bool = True,
+                 stopped_kill_s: float = 30.0, stopped_check_s: float = 1.0):
         """needs(): what the run needs now, as {label: Need}."""
         self._launcher, self._registry, self._status, self._log = launcher, registry, status, log
         self._needs, self._notify = needs, notify or (lambda text: None)
         self._max_restarts, self._backoff_s, self._max_backoff_s = max_restarts, backoff_s, max_backoff_s
         self._notice_period_s, self._grace_s, self._poll_s, self._relaunch = notice_period_s, grace_s, poll_s, relaunch
+        self._stopped_kill_s, self._stopped_check_s = stopped_kill_s, stopped_check_s
+        self._stopped_since: dict[str, float] = {}  # service name -> when a process of it was first seen stopped
+        self._stopped_checked = -float("inf")
         self._due: dict[str, float] = {}  # service name -> when to relaunch it
         self._relaunched_at: dict[str, float] = {}  # by whoever relaunched it (here, or a trainer restart)
         self._counts: dict[str, int] = {}  # the launcher's relaunch counts at the last tick
@@ -82,6 +95,9 @@ class Supervisor:
                 self._log.warning("supervisor_tick_failed", error=f"{type(exc).__name__}: {exc}")
 
     def tick(self, now: float) -> None:
+        if self._relaunch and now - self._stopped_checked >= self._stopped_check_s:
+            self._stopped_checked = now
+            self._kill_stopped(now)
         if self._relaunch:
             self._relaunch_dead(now)
         counts = dict(self._launcher.restarts)
@@ -115,6 +131,21 @@ class Supervisor:
                 self._launcher.restart(name)
                 self._log.warning("service_relaunched", name=name, restarts=self._launcher.restarts[name],
                                   pid=self._launcher.pids().get(name))
+
+    def _kill_stopped(self, now: float) -> None:
+        """Kill each service with a process stopped for stopped_kill_s (see the module's doc)."""
+        for name, pid in self._launcher.pids().items():
+            stopped = [p for p in [pid, *descendants(pid)] if (v := process_vitals(p)) is not None and not v.can_work
+                       and v.state in "Tt"]
+            if not stopped:
+                self._stopped_since.pop(name, None)
+                continue
+            since = self._stopped_since.setdefault(name, now)
+            if now - since >= self._stopped_kill_s:
+                del self._stopped_since[name]
+                self._say(f"{name} has been stopped (pids {stopped}, state T) for {now - since:.0f}s "
+                          f"(cluster.stopped_kill_s): killing it so that it is replaced", event="service_stopped_too_long")
+                self._launcher.kill(name)
 
     def _announce(self, now: float) -> None:
         live = self._registry.live()

@@ -23,6 +23,10 @@ class Echo(reward_pb2_grpc.RewardServiceServicer):
     async def Score(self, request, context):
         raise ValueError(f"tasks {[i.task for i in request.items]} are not served here")
 
+    async def Step(self, request, context):  # a service that hangs
+        await asyncio.sleep(5)
+        return reward_pb2.StepResponse()
+
 
 @pytest.fixture(scope="module")
 def address():
@@ -75,3 +79,19 @@ def test_a_port_another_server_holds_is_an_error_not_a_shared_port(address):
 
     with pytest.raises(OSError, match=f"127.0.0.1:{port}.*taken"):
         asyncio.run(second())
+
+
+def test_an_expired_deadline_names_the_call_and_the_server(address):
+    """gRPC's own "Deadline Exceeded" does not say what was waited for."""
+    from reward_svc.client import RewardClient
+    from reward_svc.types import StepItem
+    from tandem.rpc import RpcFailure, Status
+
+    client = RewardClient(address, "t", timeout_s=0.2)
+    try:
+        with pytest.raises(RpcFailure) as caught:
+            client.step([StepItem(task="t", prompt="p", ground_truth="g", completion="c", history=())])
+    finally:
+        client.close()
+    assert caught.value.status is Status.DEADLINE_EXCEEDED
+    assert f"(waiting for RewardClient.step at {address})" in str(caught.value), str(caught.value)

@@ -104,3 +104,53 @@ def test_the_agent_of_a_standalone_torchrun_listens_on_every_interface(tmp_path)
 def test_the_coordinator_launches_torchrun_without_a_listener():
     argv = launcher.torchrun_module("trainer_svc", 2)
     assert "--standalone" not in argv and "--rdzv-conf=store_type=file" in argv and "--local-addr=127.0.0.1" in argv
+
+
+_ORPHAN = """
+import os, sys, time
+from tandem.torchrun import die_with_agent
+die_with_agent()
+with open(sys.argv[1] + "." + os.environ["RANK"], "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def test_the_ranks_die_with_a_killed_agent(tmp_path):
+    """kill -9 of torchrun's agent: its ranks (in sessions of their own) die too, rather than
+    living on as orphans (an orphaned trainer rank 0 served beside the relaunched trainer)."""
+    import signal
+    import time
+
+    from tests.procs import alive
+
+    script = tmp_path / "rank.py"
+    script.write_text(_ORPHAN)
+    agent = subprocess.Popen([*torchrun_head(2), str(script), str(tmp_path / "pid")], cwd=tmp_path,
+                             env={**os.environ, **TORCHRUN_ENV, "PYTHONPATH": os.getcwd()},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pid_files = [tmp_path / "pid.0", tmp_path / "pid.1"]
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not all(p.is_file() and p.read_text() for p in pid_files):
+            assert time.monotonic() < deadline and agent.poll() is None, "the ranks did not start"
+            time.sleep(0.1)
+        ranks = [int(p.read_text()) for p in pid_files]
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(alive(r) for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(r) for r in ranks), "a rank outlived its agent"
+    finally:
+        for pid in [agent.pid, *ranks]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_die_with_agent_does_nothing_outside_torchrun(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    torchrun.die_with_agent()  # no prctl, no kill: this process lives on

@@ -1,5 +1,13 @@
 """The supervisor's decisions on fake processes and membership: relaunch with backoff, bounded,
-counted in the run status; notices while a needed service is missing, repeated, and when back."""
+counted in the run status; notices while a needed service is missing, repeated, and when back;
+a service with a process stopped (SIGSTOP) too long is killed, on real processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import structlog
 
@@ -14,6 +22,8 @@ class FakeLauncher:
         self.dead: dict[str, int] = {}
         self.restarts: dict[str, int] = {}
         self.relaunched: list[str] = []
+        self.processes: dict[str, int] = {}
+        self.killed: list[str] = []
 
     def exited_nonessential(self) -> dict[str, int]:
         return dict(self.dead)
@@ -24,7 +34,10 @@ class FakeLauncher:
         self.relaunched.append(name)
 
     def pids(self) -> dict[str, int]:
-        return {}
+        return dict(self.processes)
+
+    def kill(self, name: str) -> None:
+        self.killed.append(name)
 
 
 class FakeRegistry:
@@ -108,3 +121,46 @@ def test_a_service_that_stopped_cleanly_is_not_relaunched():
     for now in (0.0, 5.0, 60.0):
         supervisor.tick(now)
     assert launcher.relaunched == [] and notices == ["generator-1 stopped cleanly (exit code 0): not relaunching it"]
+
+
+def test_a_service_with_a_process_stopped_past_stopped_kill_s_is_killed_a_shorter_stop_is_a_pause():
+    """A service's child (as vLLM's engine below a generator, torchrun's ranks below the agent)
+    stopped with SIGSTOP: killed once stopped for stopped_kill_s, not before, and a SIGCONT in
+    between starts the count again. Without this a stopped service was waited for forever."""
+    script = "import subprocess, time; c = subprocess.Popen(['sleep', '60']); print(c.pid, flush=True); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", script],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(parent.stdout.readline())
+        launcher, notices = FakeLauncher(), []
+        launcher.processes = {"generator-0": parent.pid}
+        supervisor, _ = _supervisor(launcher, FakeRegistry(TRAINER, GENERATOR, REWARD), notices, stopped_kill_s=30.0,
+                                    stopped_check_s=0.0)
+        supervisor.tick(100.0)
+        os.kill(child, signal.SIGSTOP)
+        _wait_state(child, "T")
+        supervisor.tick(101.0)
+        supervisor.tick(130.0)  # stopped for 29 s: a pause so far
+        assert launcher.killed == []
+        os.kill(child, signal.SIGCONT)
+        _wait_state(child, "S")
+        supervisor.tick(132.0)  # running again: the count starts over
+        os.kill(child, signal.SIGSTOP)
+        _wait_state(child, "T")
+        supervisor.tick(140.0)
+        supervisor.tick(169.0)
+        assert launcher.killed == []
+        supervisor.tick(170.0)
+        assert launcher.killed == ["generator-0"]
+        assert any(f"generator-0 has been stopped (pids [{child}], state T) for 30s" in n for n in notices), notices
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        os.kill(child, signal.SIGKILL)
+        parent.wait()
+
+
+def _wait_state(pid: int, state: str) -> None:
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != state:
+        assert time.monotonic() < deadline, f"pid {pid} never reached state {state}"
+        time.sleep(0.01)

@@ -1,0 +1,387 @@
+"""Chaos that loses nothing: a nemesis that injects faults at random moments into a real local
+`tandem run` (the embedded tiny model, 2 torchrun trainer ranks over gloo, 1 vLLM generator,
+1 reward service, fp32), and a checker that compares the outcome with the same seed's run
+without faults.
+
+    .venv/bin/python benchmarks/chaos.py --seed 1 --steps 60 --rate 4 --out benchmarks/results
+
+The nemesis (`Nemesis`) runs the `tandem run` CLI as a user would, in its own session, and from a
+schedule drawn from the seed (`schedule`) fires one fault after another: each waits a random
+delay (exponential, mean 60/rate s) after the run recovered from the previous one, then lands
+wherever the run is (a rollout, a publish, a checkpoint). Kinds (`FaultKind`):
+
+- SIGKILL of the generator's or the reward service's process group (the supervisor relaunches
+  it), of one trainer rank or of the torchrun agent (the loop relaunches the trainer and resumes
+  from the last checkpoint), of the coordinator (the nemesis runs the same command again: it
+  resumes by itself and adopts the services that outlived it);
+- SIGSTOP, then SIGCONT after hang_s, of the same processes (a hang, not a death).
+
+The services' pids come from where the fault tests read them (tests/integration/run_files.py):
+<run>/services.json, torchrun's children by their RANK. Every fault goes to <work>/faults.jsonl
+with its moment, the step the run had logged, and how long the run took to recover (to log two
+GRPO steps past the last one logged before the fault: RECOVERED_AFTER).
+
+The checker (`check`): the per-step training figures (loss, rewards, grad norm, KL, ...) and the
+exported final weights equal the fault-free run's (fp32 over gloo; exact, because every
+recovery replays from a checkpoint that holds the trainer's state, the data cursor and the RNG,
+and every sample's sampling seed is global: coordinator/loop/rollout.py); nothing the run
+started is alive at the end (every process whose environment names the run's TANDEM_HOME);
+the checkpoint directory holds every checkpoint it claims (`latest` and the last
+checkpointing.keep_top_k saves logged, each complete).
+
+Figures go to <out>/chaos-<seed>.json and a line to stdout: faults survived (per hour of run),
+time to recover per kind (median, max), the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the checkout's packages, this file's sibling
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.chaos_check import (
+    check,
+    check_async,
+    figures,
+    last_step,
+    markdown,
+    services,
+    stop_everything,
+    torchrun_rank,
+)
+
+RUN_NAME = "chaos"
+RECOVERED_AFTER = 2
+"""A run has recovered from a fault once it logged this many GRPO steps past the last one logged
+before it: the step in flight when it landed (its rollout may have been done already), and one
+that began after it. So a recovery time includes about one step's time."""
+
+
+class FaultKind(enum.Enum):
+    GENERATOR_KILL = "generator_kill"
+    GENERATOR_HANG = "generator_hang"
+    REWARD_KILL = "reward_kill"
+    REWARD_HANG = "reward_hang"
+    RANK_KILL = "rank_kill"
+    RANK_HANG = "rank_hang"
+    AGENT_KILL = "agent_kill"
+    AGENT_HANG = "agent_hang"
+    COORDINATOR_KILL = "coordinator_kill"
+    COORDINATOR_HANG = "coordinator_hang"
+
+    @property
+    def hang(self) -> bool:
+        return self.value.endswith("_hang")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    delay_s: float
+    """After the run recovered from the previous fault (the first: after GRPO step 1)."""
+    hang_s: float = 0.0
+    """SIGSTOP -> SIGCONT (hangs only)."""
+    rank: int = 0
+    """The trainer rank (rank faults only)."""
+    startup: bool = False
+    """Fired delay_s after the run was launched, while it starts (before GRPO step 1)."""
+
+
+def schedule(seed: int, count: int, rate_per_min: float, kinds: list[FaultKind], *, max_hang_s: float = 8.0,
+             ranks: int = 2) -> list[Fault]:
+    """`count` faults drawn from `seed`: every kind once in a shuffled order first (so a short run
+    covers them all), then kinds at random; delays exponential with mean 60/rate_per_min s."""
+    rng = random.Random(seed)
+    order = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(max(0, count - len(kinds)))]
+    faults = []
+    for kind in order[:count]:
+        faults.append(Fault(kind, round(rng.expovariate(rate_per_min / 60.0), 2),
+                            round(rng.uniform(1.0, max_hang_s), 2) if kind.hang else 0.0, rng.randrange(ranks)))
+    return faults
+
+
+ASYNC_ARGS = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1"]
+"""The asynchronous mode: rollouts run up to one step ahead of training."""
+PROMPTS, GENERATIONS = 4, 4
+
+
+def run_args(steps: int, seed: int, run_name: str = RUN_NAME) -> list[str]:
+    """`tandem run`'s arguments: GRPO on the embedded task, fp32, a checkpoint every step (a
+    short SFT warm start first, so that rewards vary and the steps move the policy)."""
+    return ["run", "sft.max_num_steps=60", "sft.val_period=60", "sft.stop_at_accuracy=null",
+            f"grpo.max_num_steps={steps}", f"grpo.seed={seed}", "grpo.val_period=0", "grpo.max_val_samples=8",
+            f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={GENERATIONS}", "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8", "policy.precision=float32", "checkpointing.save_period=1",
+            "data.num_train=200", "data.num_val=8", "cluster.trainer_ranks=2", "cluster.num_generators=1",
+            "cluster.restart_backoff_s=0.5", "cluster.max_service_restarts=1000", "cluster.max_trainer_restarts=1000",
+            "logger.plot_enabled=false", "logger.tensorboard_enabled=false", "logger.log_dir=runs",
+            f"logger.run_name={run_name}"]
+
+
+# --- the nemesis ----------------------------------------------------------------------------
+
+@dataclass
+class Injected:
+    kind: str
+    at_s: float
+    """Since the first run started."""
+    step: int
+    """The last GRPO step logged when it landed."""
+    pid: int
+    hang_s: float = 0.0
+    recovered_s: float | None = None
+    """Fault -> the run logged step `step` + RECOVERED_AFTER (or finished)."""
+    note: str = ""
+
+
+@dataclass
+class Outcome:
+    run_dir: Path
+    home: Path
+    returncode: int
+    launches: int
+    wall_s: float
+    faults: list[Injected] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class Nemesis:
+    """Runs `tandem run` in `work` and fires `faults` one after another (see the module's doc)."""
+
+    def __init__(self, work: Path, steps: int, seed: int, faults: list[Fault], *, run_name: str = RUN_NAME,
+                 timeout_s: float = 1800.0, recover_timeout_s: float = 300.0, log=print, overrides=()):
+        """overrides: more `tandem run` arguments (e.g. cluster.stopped_kill_s=5)."""
+        self.work, self.steps, self.seed, self.faults = work, steps, seed, faults
+        self.run_dir, self.home = work / "runs" / run_name, work / "home"
+        self.args = [*run_args(steps, seed, run_name), *overrides]
+        self.timeout_s, self.recover_timeout_s, self._log = timeout_s, recover_timeout_s, log
+        self.launches = 0
+        self.proc: subprocess.Popen | None = None
+        self._started = 0.0
+        self._fault_log = work / "faults.jsonl"
+
+    def _launch(self) -> None:
+        self.launches += 1
+        env = {**os.environ, "TANDEM_HOME": str(self.home), "OMP_NUM_THREADS": "1", "COLUMNS": "200",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # this checkout
+        env.pop("TANDEM_TOKEN", None)
+        with open(self.work / f"console-{self.launches}.txt", "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *self.args], cwd=self.work,
+                                         env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+
+    def console(self) -> str:
+        return "".join((self.work / f"console-{i}.txt").read_text(errors="replace")
+                       for i in range(1, self.launches + 1))
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def _wait(self, condition, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.proc.poll() is not None:
+                raise RunExited(f"the run exited (rc {self.proc.returncode}) while waiting for {what}")
+            if time.monotonic() > deadline or self._elapsed() > self.timeout_s:
+                raise TimeoutError(f"no {what} within {timeout_s:.0f}s")
+            time.sleep(0.1)
+
+    def run(self) -> Outcome:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self._fault_log.write_text("")
+        self._started = time.monotonic()
+        self._launch()
+        outcome = Outcome(self.run_dir, self.home, -1, 0, 0.0)
+        try:
+            for fault in (f for f in self.faults if f.startup):
+                self._fire(fault, outcome)
+            self._wait(lambda: last_step(self.run_dir) >= 1, "GRPO step 1", 900)
+            for fault in (f for f in self.faults if not f.startup):
+                if not self._fire(fault, outcome):
+                    break
+            remaining = self.timeout_s - self._elapsed()
+            self.proc.wait(timeout=max(1.0, remaining))
+        except RunExited as exc:
+            self._log(str(exc))
+        finally:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            outcome.returncode, outcome.launches, outcome.wall_s = self.proc.returncode, self.launches, self._elapsed()
+        return outcome
+
+    def _fire(self, fault: Fault, outcome: Outcome) -> bool:
+        """Wait fault.delay_s, inject it, wait until the run recovers; False once the run is too
+        near its end for another fault."""
+        deadline = time.monotonic() + fault.delay_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        step = last_step(self.run_dir)
+        if step >= self.steps - RECOVERED_AFTER:
+            return False
+        pid, note = self._target(fault)
+        launched = services(self.run_dir)
+        if pid is None:
+            outcome.skipped.append(f"{fault.kind.value}: {note}")
+            self._log(f"skipped {fault.kind.value}: {note}")
+            return True
+        injected = Injected(fault.kind.value, round(self._elapsed(), 2), step, pid, fault.hang_s, note=note)
+        started = time.monotonic()
+        group = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.GENERATOR_HANG, FaultKind.REWARD_KILL,
+                               FaultKind.REWARD_HANG)
+        send = os.killpg if group else os.kill
+        try:
+            send(pid, signal.SIGSTOP if fault.kind.hang else signal.SIGKILL)
+        except ProcessLookupError:
+            outcome.skipped.append(f"{fault.kind.value}: pid {pid} was gone")
+            return True
+        if fault.kind.hang:
+            time.sleep(fault.hang_s)
+            try:
+                send(pid, signal.SIGCONT)
+            except ProcessLookupError:  # the run found it stopped too long (cluster.stopped_kill_s) and killed it
+                injected.note = f"{note} killed while stopped, replaced".strip()
+        if fault.kind is FaultKind.COORDINATOR_KILL:
+            self.proc.wait(timeout=30)
+            self._launch()  # the same command again, as a user would
+        try:
+            self._wait(lambda: last_step(self.run_dir) >= step + RECOVERED_AFTER or self.proc.poll() == 0,
+                       f"a GRPO step after {fault.kind.value}", self.recover_timeout_s)
+        except (TimeoutError, RunExited) as exc:
+            injected.note = f"{note} NOT RECOVERED: {exc}".strip()
+            self._record(injected, outcome)
+            raise RunExited(injected.note) from exc
+        injected.recovered_s = round(time.monotonic() - started, 2)
+        if fault.kind.hang and "replaced" not in injected.note and _replaced(launched, services(self.run_dir), fault):
+            injected.note = f"{note} stopped past cluster.stopped_kill_s, replaced".strip()
+        self._record(injected, outcome)
+        return True
+
+    def _record(self, injected: Injected, outcome: Outcome) -> None:
+        outcome.faults.append(injected)
+        with open(self._fault_log, "a") as f:
+            f.write(json.dumps(asdict(injected)) + "\n")
+        self._log(f"[{injected.at_s:7.1f}s] {injected.kind:17s} after step {injected.step:3d} pid {injected.pid}"
+                  f"{f' for {injected.hang_s:.1f}s' if injected.hang_s else ''}: recovered in "
+                  f"{injected.recovered_s}s {injected.note}")
+
+    def _target(self, fault: Fault) -> tuple[int | None, str]:
+        pids = services(self.run_dir)
+        kind = fault.kind
+        if kind in (FaultKind.COORDINATOR_KILL, FaultKind.COORDINATOR_HANG):
+            return self.proc.pid, ""
+        name = {FaultKind.GENERATOR_KILL: "generator-0", FaultKind.GENERATOR_HANG: "generator-0",
+                FaultKind.REWARD_KILL: "reward-arithmetic", FaultKind.REWARD_HANG: "reward-arithmetic"}.get(kind, "trainer")
+        pid = pids.get(name)
+        if pid is None:
+            return None, f"no {name} in services.json"
+        if kind in (FaultKind.RANK_KILL, FaultKind.RANK_HANG):
+            rank = torchrun_rank(pid, fault.rank)
+            return rank, f"rank {fault.rank}" if rank else f"torchrun {pid} has no rank {fault.rank} now"
+        return pid, ""
+
+
+def _replaced(before: dict[str, int], after: dict[str, int], fault: Fault) -> bool:
+    """Whether the service a hang stopped was relaunched meanwhile (a new pid in services.json)."""
+    name = {FaultKind.GENERATOR_HANG: "generator-0", FaultKind.REWARD_HANG: "reward-arithmetic",
+            FaultKind.RANK_HANG: "trainer", FaultKind.AGENT_HANG: "trainer"}.get(fault.kind)
+    return name is not None and before.get(name) != after.get(name)
+
+
+class RunExited(Exception):
+    pass
+
+
+def reference(work: Path, steps: int, seed: int, timeout_s: float = 900.0) -> Outcome:
+    """The same seed's run without faults."""
+    return Nemesis(work, steps, seed, [], timeout_s=timeout_s).run()
+
+
+def _without_paths(argv: list[str]) -> list[str]:
+    """The arguments without --work/--out and their values (paths of this machine)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--work", "--out"):
+            skip = True
+        elif not arg.startswith(("--work=", "--out=")):
+            kept.append(arg)
+    return kept
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=60, help="GRPO steps of the run")
+    parser.add_argument("--faults", type=int, default=20, help="at most this many faults (fewer if the run ends)")
+    parser.add_argument("--rate", type=float, default=6.0, help="faults per minute of run (mean)")
+    parser.add_argument("--kinds", default=",".join(k.value for k in FaultKind))
+    parser.add_argument("--max-hang-s", type=float, default=8.0, help="hangs last 1 s to this long")
+    parser.add_argument("--stopped-kill-s", type=float, default=5.0,
+                        help="cluster.stopped_kill_s of the run with faults: a hang longer than this is replaced")
+    parser.add_argument("--startup", default="", help="kinds of faults fired first, while the run starts "
+                        "(comma-separated; each --startup-delay-s after the launch)")
+    parser.add_argument("--startup-delay-s", type=float, default=10.0)
+    parser.add_argument("--async", dest="asynchronous", action="store_true",
+                        help="asynchronous GRPO (rollouts one step ahead); checked by check_async")
+    parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary dir)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    import tempfile
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="chaos-"))
+    kinds = [FaultKind(k) for k in args.kinds.split(",")]
+    plan = [Fault(FaultKind(k), args.startup_delay_s, 2.0 if FaultKind(k).hang else 0.0, startup=True)
+            for k in filter(None, args.startup.split(","))]
+    plan += schedule(args.seed, args.faults, args.rate, kinds, max_hang_s=args.max_hang_s)
+    print(f"work: {work}\nschedule: {[(f.kind.value, f.delay_s, f.hang_s) for f in plan]}", flush=True)
+    ref_dir = work / "reference" / "runs" / RUN_NAME
+    if args.asynchronous:  # compared with no run: what it trained is timing-dependent (see check_async)
+        ref_wall = 0.0
+    elif (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
+        ref_wall = json.loads((ref_dir / "summary.json").read_text()).get("wall_s", 0.0)
+        print(f"fault-free run: reusing {ref_dir}", flush=True)
+    else:
+        ref = reference(work / "reference", args.steps, args.seed)
+        assert ref.returncode == 0, f"the fault-free run failed: {work / 'reference'}"
+        ref_wall = ref.wall_s
+        print(f"fault-free run: {ref.wall_s:.0f}s", flush=True)
+    shutil.rmtree(work / "chaos", ignore_errors=True)
+    outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True),
+                      overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}",
+                                 *(ASYNC_ARGS if args.asynchronous else [])]).run()
+    verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, batch=PROMPTS * GENERATIONS, max_age=1)
+               if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home))
+    result = figures(outcome, verdict, args.seed, args.steps, args.rate)
+    stop_everything(outcome.home)  # after a failed run
+    result["reference_wall_s"] = round(ref_wall, 1)
+    result["asynchronous"] = args.asynchronous
+    result["command"] = "benchmarks/chaos.py " + " ".join(_without_paths(sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    mode = "-async" if args.asynchronous else ""
+    stem = args.out / f"{time.strftime('%Y-%m-%d')}-chaos{mode}-seed{args.seed}-{args.steps}steps"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"figures: {stem}.json, {stem}.md")
+    return 0 if verdict.passed and outcome.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
