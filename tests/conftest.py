@@ -46,9 +46,11 @@ def gpu_present() -> bool:
 
 
 LONGEST_FIRST = (
-    "tests/integration/test_megatron_backend.py", "tests/slurm/", "tests/integration/test_recipes.py",
+    "tests/integration/test_megatron_backend.py", "tests/integration/test_chaos.py", "tests/slurm/",
+    "tests/integration/test_recipes.py",
     "tests/integration/test_resume.py", "tests/integration/test_model_families.py", "tests/integration/test_elastic.py",
     "tests/integration/test_megatron_grpo.py", "tests/integration/test_faults.py",
+    "tests/integration/test_agent_gateway.py",
     "tests/integration/test_grpo_end_to_end.py", "tests/compose/", "tests/integration/test_megatron_moe.py",
     "tests/integration/test_fuzz_light_services.py", "tests/integration/test_megatron_generation.py",
     "tests/integration/test_run_output.py", "tests/integration/test_moe_grpo.py",
