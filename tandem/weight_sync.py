@@ -317,13 +317,28 @@ class WeightReceiver:
     def receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
         """Receive every bucket of `version`; returns the full staged state dict or raises
         (`WeightChecksumError` when a bucket arrived corrupted)."""
-        try:
-            return self._receive(spec, rank, version, plan)
-        except Exception:
-            self._group.close(failed=True)
-            raise
+        return dict(self.iter_receive(spec, rank, version, plan))
 
-    def _receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
+    def iter_receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan,
+                     ahead: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """`version`'s tensors (HF name, tensor) bucket by bucket, each bucket only once it arrived
+        whole and matched its checksum; raises on any failure (`WeightChecksumError`: a corrupted
+        bucket), and the group is dropped then, or when the caller stops early.
+
+        On CPU the tensors are views of memory of their own bucket, posted `ahead` buckets before
+        the one handed out (None: every bucket at once); with `ahead`, memory the caller has let
+        go of is all that stays, so a caller that applies each tensor and drops it holds about
+        `ahead` + 1 buckets at a time."""
+        completed = False
+        try:
+            yield from self._iter_receive(spec, rank, version, plan, ahead)
+            completed = True
+        finally:
+            if not completed:  # an error, or a caller that gave up: never reuse the group
+                self._group.close(failed=True)
+
+    def _iter_receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan,
+                      ahead: int | None) -> Iterator[tuple[str, torch.Tensor]]:
         if not 1 <= rank < spec.world_size:
             raise ValueError(f"receivers take ranks 1..world_size-1 ({spec.world_size - 1}), got {rank}")
         group = self._group.get(self._store_for(spec), spec, rank, self._device)
@@ -335,31 +350,32 @@ class WeightReceiver:
                                   f"{expected.tolist()} (version, buckets, bytes, plan digest)")
         in_place = self._stage_device == self._device
         into = (lambda index, size: torch.empty(size, dtype=torch.uint8, device=self._device)) if in_place else None
-        staged: dict[str, torch.Tensor] = {}
         for _, bucket, tensors in receive_buckets(group, plan, self._device, spec.op_timeout_s, into=into,
-                                                  version=version):
+                                                  version=version, ahead=ahead if in_place else None):
             if not in_place:  # one copy of the whole bucket, in pinned host memory
                 bucket = torch.empty(bucket.shape, dtype=torch.uint8, device=self._stage_device,
                                      pin_memory=True).copy_(bucket)
-            for t in tensors:  # views into the bucket, which they keep alive
-                raw = bucket[t.offset_bytes:t.offset_bytes + t.size_bytes]
-                staged[t.name] = raw.view(getattr(torch, t.dtype)).view(t.shape)
-        return staged
+            views = [(t.name, bucket[t.offset_bytes:t.offset_bytes + t.size_bytes].view(getattr(torch, t.dtype))
+                      .view(t.shape)) for t in tensors]  # views into the bucket, which they keep alive
+            del bucket
+            while views:
+                yield views.pop(0)
 
     def close(self) -> None:
         self._group.close()
 
 
 def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.device, timeout_s: float,
-                    into: Callable[[int, int], torch.Tensor] | None = None, version: int | None = None
-                    ) -> Iterator[tuple[int, torch.Tensor, list[TensorSpec]]]:
+                    into: Callable[[int, int], torch.Tensor] | None = None, version: int | None = None,
+                    ahead: int | None = None) -> Iterator[tuple[int, torch.Tensor, list[TensorSpec]]]:
     """Receive the plan's buckets, each after its checksum; yield (index, the bucket's bytes, the
     specs of its tensors) as each one completes and matches its checksum (else raise
     `WeightChecksumError`; `version` only names the version in its message). While the caller
     handles a bucket, the next one is already posted.
 
     `into(index, size)` gives the memory bucket `index` arrives in (the caller keeps it), and
-    every bucket is posted at once, so the sender never waits for a receive to be posted; None:
+    `ahead` buckets are posted before the one handed out (None: every bucket at once, so the
+    sender never waits for a receive to be posted); None:
     two reused buffers on `device`, so the bytes yielded are refilled two buckets later and the
     caller copies out what it keeps before it asks for the next bucket."""
     by_bucket: dict[int, list[TensorSpec]] = {}
@@ -376,7 +392,7 @@ def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.de
         bucket = into(index, sizes[index])
         return (checksum, bucket, broadcast(group, checksum, timeout_s), broadcast(group, bucket, timeout_s))
 
-    ahead = len(sizes) if own else 1  # the caller's memory: every bucket posted at once; two buffers: one ahead
+    ahead = 1 if not own else len(sizes) if ahead is None else max(1, ahead)  # two buffers: one ahead
     posted = {i: post(i) for i in range(min(ahead, len(sizes)))}
     for index in range(len(sizes)):
         checksum, bucket, checksum_work, bucket_work = posted.pop(index)

@@ -247,6 +247,31 @@ def test_a_bucket_corrupted_in_flight_fails_the_publish_and_is_never_served(env)
     assert client.info().weight_version == 1 and check_health(env["service"].address, SERVICE)
     check_matches_hf(client, env["B"], prompts(env["tokenizer"], 2), version=1)  # B, untouched by the bad bytes
 
+    # streamed (stream_weight_updates, the default): buckets are applied as they pass their
+    # checksums, so a bucket corrupted after the first leaves weights of no version, never served
+    plan = plan_for_state_dict(state, torch.float32, bucket_bytes=64 << 10)
+    assert len(plan.bucket_sizes_bytes) > 3
+    group = GroupSpec(sender.address, epoch=11, epoch_secret=uuid.uuid4().hex, world_size=2, op_timeout_s=30.0)
+    sender.tamper = lambda index, bucket: index == 2 and bucket.__setitem__(0, bucket[0] ^ 0x10)
+    thread = threading.Thread(target=lambda: _send_ignoring_errors(sender, group, 2, plan, state))
+    thread.start()
+    try:
+        with pytest.raises(RpcFailure) as err:
+            client.load_weights(CollectiveSource(group, 1, plan), 2, timeout_s=120)
+    finally:
+        thread.join(60)
+        sender.tamper = None
+    assert err.value.status is Status.UNAVAILABLE and "bucket 2 of" in err.value.details
+    assert "serves no version" in err.value.details
+    assert not check_health(env["service"].address, SERVICE)
+    with pytest.raises(RpcFailure) as err:
+        list(client.generate([[1, 5]], SamplingConfig(n=1, temperature=0.0, max_tokens=2), timeout_s=30))
+    assert err.value.status is Status.FAILED_PRECONDITION
+    # the publisher's retry: the same version, sent whole, serves again
+    assert push(client, sender, state, epoch=12, version=1) == 1
+    assert check_health(env["service"].address, SERVICE)
+    check_matches_hf(client, env["B"], prompts(env["tokenizer"], 2), version=1)
+
 
 def _send_ignoring_errors(sender, group, version, plan, state) -> None:
     try:
