@@ -182,6 +182,28 @@ def test_receive_holds_two_bucket_buffers_and_hands_each_bucket_out_only_once_co
         assert torch.equal(received[name].view(tensor.shape), tensor), name
 
 
+def test_a_streamed_receive_lands_in_fresh_memory_and_posts_a_bounded_number_ahead(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    sent = [b.clone() for _, b in iter_buckets(plan, state.items(), lambda i, size: torch.empty(size, dtype=torch.uint8))]
+    log = []
+    group = _Group(sent, log)
+    monkeypatch.setattr(weight_sync, "complete", lambda work, device: None)
+    made = []
+
+    def into(index, size):
+        made.append(index)
+        return torch.empty(size, dtype=torch.uint8)
+
+    kept = []
+    for index, bucket, _ in receive_buckets(group, plan, CPU, 5.0, into=into, ahead=2):
+        assert made == list(range(min(index + 3, len(sent))))  # this bucket and at most two ahead
+        assert torch.equal(bucket, sent[index])
+        kept.append(bucket)
+    assert len(group.storages) == len(sent)  # each bucket arrived in the memory handed out: nothing copied
+
+
 def test_a_bucket_that_arrives_corrupted_is_never_handed_out(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
