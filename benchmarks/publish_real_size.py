@@ -8,8 +8,8 @@ by default) beside this tree's, in one invocation.
 
 The weights: the random-init checkpoint of Qwen2.5-0.5B's shape (benchmarks/real_size_model.py,
 built once and cached), in fp32 as the trainer trains and the generator serves it in the real-size
-run (benchmarks/results/2026-11-28-real-size.md), each tensor in memory of its own as a trainer's
-parameters are. The weight-sync group is the real one (tandem/weight_group.py: gloo over loopback).
+run (benchmarks/results/2026-11-28-real-size.md; `--dtype bfloat16`: both in bf16, half the bytes
+and memory), each tensor in memory of its own as a trainer's parameters are. The weight-sync group is the real one (tandem/weight_group.py: gloo over loopback).
 
 1. The wire, interleaved rep by rep (raw, baseline, this tree, raw, ...), one sender (this
    process) and one receiver process, which runs the generator's receive code
@@ -76,16 +76,15 @@ def baseline_tree(ref: str, into: Path) -> Path:
     return into
 
 
-def model_tensors(checkpoint: Path):
-    """The checkpoint's tensors in fp32, each in memory of its own (as parameters), in file order."""
-    import torch
+def model_tensors(checkpoint: Path, dtype):
+    """The checkpoint's tensors in `dtype`, each in memory of its own (as parameters), in file order."""
     from safetensors import safe_open
 
     tensors = []
     for path in sorted(checkpoint.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is no mapping
-                tensors.append((name, f.get_tensor(name).to(torch.float32).contiguous()))
+                tensors.append((name, f.get_tensor(name).to(dtype).contiguous()))
     return tensors
 
 
@@ -240,7 +239,7 @@ def wire_phase(args, tensors, modules, plans, commands, results, raw: Raw) -> di
 
 def start_generator(tree: Path, checkpoint: Path, work: Path, token: str, extra: dict):
     settings = work / "generator.json"
-    settings.write_text(json.dumps({"model_name": str(checkpoint), "dtype": "float32", "max_model_len": 128,
+    settings.write_text(json.dumps({"model_name": str(checkpoint), "max_model_len": 128,
                                     "max_num_seqs": 4, "seed": 0, "scratch_dir": str(work / "s"),
                                     "kv_cache_space_gib": 1, **extra}))
     address_file, log_path = work / "generator.addr", work / "generator.log"
@@ -295,7 +294,7 @@ def generator_phase(args, which: str, tree: Path, checkpoint: Path, tensors, mod
     token = secrets.token_hex(16)
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    process, address, log_path = start_generator(tree, checkpoint, work, token, extra)
+    process, address, log_path = start_generator(tree, checkpoint, work, token, {"dtype": args.dtype, **extra})
     print(f"  {which}: generator up in {time.perf_counter() - started:.0f} s", flush=True)
     figures: dict[str, list] = {}
     client = GeneratorClient(address, token)
@@ -358,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "quick"])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the dtype the trainer sends and the generator serves")
     parser.add_argument("--baseline-ref", default="main")
     parser.add_argument("--bucket-mb", type=int, default=256, help="weight_sync_bucket_bytes, both codes")
     parser.add_argument("--in-place-mb", type=float, default=1.0, help="weight_sync_in_place_bytes (this tree)")
@@ -380,14 +381,15 @@ def main(argv: list[str] | None = None) -> None:
     baseline = baseline_tree(args.baseline_ref, scratch / "baseline")
     base_ws = load_module("weight_sync_baseline", baseline / "tandem" / "weight_sync.py")
     modules = {"baseline": base_ws, "new": weight_sync}
-    tensors = model_tensors(checkpoint)
+    dtype = getattr(torch, args.dtype)
+    tensors = model_tensors(checkpoint, dtype)
     if tensors[-1][0] == "lm_head.weight":
         tensors = tensors[:-1]
-    shapes = [(n, tuple(t.shape), torch.float32) for n, t in tensors]
+    shapes = [(n, tuple(t.shape), dtype) for n, t in tensors]
     plans = {"baseline": base_ws.make_bucket_plan(shapes, args.bucket_mb * MiB),
              "new": weight_sync.make_bucket_plan(shapes, args.bucket_mb * MiB, int(args.in_place_mb * MiB))}
     total = plans["new"].total_bytes
-    print(f"{args.size}: {len(tensors)} tensors, {total / MiB:.0f} MiB fp32; buckets: baseline "
+    print(f"{args.size}: {len(tensors)} tensors, {total / MiB:.0f} MiB {args.dtype}; buckets: baseline "
           f"{len(plans['baseline'].bucket_sizes_bytes)}, this tree {len(plans['new'].bucket_sizes_bytes)}", flush=True)
 
     ctx = mp.get_context("spawn")
@@ -434,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
               f"`PYTHONPATH=. .venv/bin/python benchmarks/publish_real_size.py {' '.join(argv or sys.argv[1:])}`".rstrip(),
               "", (f"machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before, {load_after[0]:.1f} "
               f"after; torch {torch.__version__}"),
-              f"- bytes a publish sends: {total} ({total / MiB:.0f} MiB, fp32, {len(tensors)} tensors)",
+              f"- bytes a publish sends: {total} ({total / MiB:.0f} MiB, {args.dtype}, {len(tensors)} tensors)",
               (f"- buckets: `{args.baseline_ref}` {len(plans['baseline'].bucket_sizes_bytes)} of up to "
               f"{args.bucket_mb} MiB, every tensor packed; this tree {len(plans['new'].bucket_sizes_bytes)} "
               f"(tensors of >= {args.in_place_mb:g} MiB alone, sent from their own memory; the rest packed)"),
@@ -470,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(report) + "\n"
     print(text)
     args.results.mkdir(parents=True, exist_ok=True)
-    suffix = "" if args.size == "0.5b" else f"-{args.size}"
+    suffix = ("" if args.size == "0.5b" else f"-{args.size}") + ("" if args.dtype == "float32" else f"-{args.dtype}")
     out = args.results / f"{datetime.date.today().isoformat()}-publish-real-size{suffix}.md"
     out.write_text(text)
     print(f"written to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
