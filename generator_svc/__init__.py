@@ -2,6 +2,7 @@
 
 Streams completions (token ids, the untempered logprob of each sampled token, finish
 reason, weight version) and receives new weights from the trainer over the weight-sync
-collective, swapping them in atomically. Launch with `python -m generator_svc --settings
+collective, each bucket checked against its checksum, never serving a half-received or
+corrupted version. Launch with `python -m generator_svc --settings
 generator.json`; the typed client is `generator_svc.client.GeneratorClient`.
 """

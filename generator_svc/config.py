@@ -144,6 +144,13 @@ class GeneratorSettings(VllmSettings):
     teacher: bool = False
     """Serve a distillation teacher: announce as kind teacher (scored by the coordinator, never in
     the policy's rotation) and refuse weight updates."""
+    stream_weight_updates: bool = True
+    """Load a weight version bucket by bucket while the next buckets arrive (each checked against
+    its checksum first), generation drained meanwhile: receive and apply overlap, and a few buckets
+    are held instead of a whole staged copy. A transfer that fails after its first bucket then
+    leaves the generator serving nothing until a publish succeeds (the coordinator retries at
+    once). Used with one vLLM worker, the weight-sync group and in_flight_weight_updates off;
+    otherwise (or off) the version is staged whole, then swapped in."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
     drain_timeout_s: float = Field(60.0, ge=0)

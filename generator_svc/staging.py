@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySo
 from tandem.weight_sync import WeightReceiver
 
 HOST = torch.device("cpu")
+STREAM_AHEAD = 2
+"""Buckets a streamed receive keeps posted ahead of the one being applied."""
 
 
 class Stager:
@@ -35,14 +38,23 @@ class Stager:
     def read(self, source: WeightSource, version: int) -> dict[str, torch.Tensor]:
         """`version`'s tensors by HF name; raises on any failure (nothing is half-read)."""
         if isinstance(source, CollectiveSource):
-            if self._receiver is None:  # sealed with the run's token, which vLLM's process inherits from the service
-                # staged in host memory whatever the device: vLLM's loaders copy each tensor onto the
-                # device as they load it (as from a checkpoint on disk)
-                self._receiver = WeightReceiver(device=self._device, secret=load_token(), stage_device=HOST)
-            return self._receiver.receive(source.group, source.rank, version, source.plan)
+            return self._collective().receive(source.group, source.rank, version, source.plan)
         if isinstance(source, SharedMemorySource):
             return _read_files(source.directory, self._device)
         return _read_cuda_ipc(source, self._device)
+
+    def stream(self, source: CollectiveSource, version: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """`version`'s tensors as their buckets arrive and pass their checksums, STREAM_AHEAD
+        buckets received ahead of the one handed out (what is held: those, plus what the caller
+        keeps); raises on any failure, part-way included."""
+        return self._collective().iter_receive(source.group, source.rank, version, source.plan, ahead=STREAM_AHEAD)
+
+    def _collective(self) -> WeightReceiver:
+        if self._receiver is None:  # sealed with the run's token, which vLLM's process inherits from the service
+            # staged in host memory whatever the device: vLLM's loaders copy each tensor onto the
+            # device as they load it (as from a checkpoint on disk)
+            self._receiver = WeightReceiver(device=self._device, secret=load_token(), stage_device=HOST)
+        return self._receiver
 
 
 def _read_files(directory: str, device: torch.device) -> dict[str, torch.Tensor]:

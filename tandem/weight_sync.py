@@ -15,7 +15,15 @@ How a transfer meets (see docs/architecture.md, "Weight sync"):
   offsets), computed once per model and sent to receivers over gRPC. Each transfer starts
   with a header broadcast (version, bucket count, plan digest) that receivers check. The
   sender takes the tensors in plan order as they are gathered and packs them straight into
-  the bucket being filled (`iter_buckets`): the full model is never held at once.
+  the bucket being filled (`iter_buckets`): the full model is never held at once. A tensor of
+  at least the plan's `in_place_bytes` gets a bucket of its own, which goes out straight from
+  the tensor's memory when it is already in the wire dtype: no copy on either side (the
+  receiver takes every bucket straight into the memory it stages it in).
+- Every bucket carries a checksum (`bucket_checksum`: the bucket's bytes as int64 words,
+  summed with wrap-around; any change of one word changes it), broadcast just before the bucket.
+  The receiver checks each bucket as it completes and raises `WeightChecksumError` on a
+  mismatch: nothing of that version is staged, so it is never served (the publish fails and the
+  coordinator retries it on a new epoch).
 - Every collective has a per-operation timeout: gloo's `abort()` does not interrupt a
   pending wait, so a dead peer is only noticed through the timeout (notes/distributed-cpu).
   How the group is built, its NCCL error policy, the device-kind check of both ends and what
@@ -27,6 +35,7 @@ How a transfer meets (see docs/architecture.md, "Weight sync"):
 from __future__ import annotations
 
 import datetime
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
@@ -36,9 +45,12 @@ from tandem.stores import SealedStore, serve_store
 from tandem.weight_group import EpochGroup, _split_address, broadcast, complete
 from tandem.weight_plan import BucketPlan, GroupSpec, TensorSpec
 
-__all__ = ["BucketPlan", "GroupSpec", "TensorSpec", "WeightReceiver", "WeightSender", "make_bucket_plan"]
+__all__ = ["BucketPlan", "GroupSpec", "TensorSpec", "WeightChecksumError", "WeightReceiver", "WeightSender",
+           "bucket_checksum", "make_bucket_plan"]
 
 DEFAULT_BUCKET_BYTES = 256 << 20
+DEFAULT_IN_PLACE_BYTES = 1 << 20
+"""A tensor this large travels in a bucket of its own, from its own memory (`make_bucket_plan`)."""
 _ALIGN_BYTES = 64  # keeps every tensor's byte offset a multiple of any element size
 
 
@@ -47,33 +59,41 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def make_bucket_plan(tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
-                     bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketPlan:
+                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, in_place_bytes: int | None = None) -> BucketPlan:
     """Pack tensors in the given order into buckets of at most bucket_bytes.
 
-    A tensor larger than bucket_bytes gets a bucket of its own.
+    A tensor larger than bucket_bytes gets a bucket of its own, and so does one of at least
+    `in_place_bytes` (None: no such rule), which the sender then broadcasts from the tensor's own
+    memory when it can (`iter_buckets`), instead of copying it into a bucket buffer.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    if in_place_bytes is not None and in_place_bytes <= 0:
+        raise ValueError(f"in_place_bytes must be positive (or None), got {in_place_bytes}")
     specs: list[TensorSpec] = []
     sizes: list[int] = []
     offset = 0
+    alone = False  # the bucket being filled holds one in-place tensor: nothing joins it
     for name, shape, dtype in tensors:
         size = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-        if not sizes or (offset > 0 and offset + size > bucket_bytes):
+        solo = in_place_bytes is not None and size >= in_place_bytes
+        if not sizes or (offset > 0 and (alone or solo or offset + size > bucket_bytes)):
             if sizes:
                 sizes[-1] = offset
             sizes.append(0)
             offset = 0
         specs.append(TensorSpec(name, tuple(int(s) for s in shape), dtype_name(dtype), len(sizes) - 1, offset, size))
         offset = _align(offset + size)
+        alone = solo
     if sizes:
         sizes[-1] = offset
     return BucketPlan(tuple(specs), tuple(sizes))
 
 
 def plan_for_state_dict(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None,
-                        bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketPlan:
-    return make_bucket_plan(((n, tuple(t.shape), dtype or t.dtype) for n, t in state.items()), bucket_bytes)
+                        bucket_bytes: int = DEFAULT_BUCKET_BYTES, in_place_bytes: int | None = None) -> BucketPlan:
+    return make_bucket_plan(((n, tuple(t.shape), dtype or t.dtype) for n, t in state.items()), bucket_bytes,
+                            in_place_bytes)
 
 
 def _align(n: int) -> int:
@@ -85,9 +105,26 @@ def _header(version: int, plan: BucketPlan, device: torch.device) -> torch.Tenso
                         dtype=torch.int64, device=device)
 
 
+class WeightChecksumError(ConnectionError):
+    """A bucket's bytes do not sum to the checksum sent with them: corrupted in flight."""
+
+
+def bucket_checksum(bucket: torch.Tensor) -> torch.Tensor:
+    """The bucket's bytes as int64 words, summed with wrap-around (a 1-element int64 tensor on the
+    bucket's device). Any change of one word changes it (every single-bit flip, any one word
+    overwritten); meant for corruption, not an adversary. Reads the bytes once: on this machine's
+    CPU ~24 GiB/s on one thread, against gloo's ~4.6 GiB/s (benchmarks/publish_real_size.py).
+    Bucket sizes are multiples of 64 bytes (`make_bucket_plan`), so the words cover every byte."""
+    return bucket.view(torch.int64).sum().reshape(1)
+
+
 class WeightSender:
     """Trainer rank 0's side: hosts the store and broadcasts buckets, double-buffered: one
-    bucket fills while the previous one is on the wire (two buckets of buffer in all)."""
+    bucket fills while the previous one is on the wire (two buckets of buffer in all); a bucket
+    of one tensor already in the wire dtype goes out from the tensor itself (no buffer, no copy).
+
+    `tamper(index, bucket)`, for tests only: called on each bucket's wire bytes after its
+    checksum was taken, before it is broadcast (a fault injected in flight)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, device: torch.device | None = None,
                  advertise_host: str | None = None, secret: str | None = None):
@@ -98,6 +135,7 @@ class WeightSender:
         self._advertise = advertise_host or host
         self._device = device or torch.device("cpu")
         self._group = EpochGroup()
+        self.tamper: Callable[[int, torch.Tensor], None] | None = None
 
     @property
     def address(self) -> str:
@@ -121,21 +159,36 @@ class WeightSender:
               tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         group = self._group.get(self._store, spec, 0, self._device)
         complete(broadcast(group, _header(version, plan, self._device), spec.op_timeout_s), self._device)
-        buffers = [torch.empty(size, dtype=torch.uint8, device=self._device) for size in send_buffer_sizes(plan)]
-        pending: list[dist.Work | None] = [None, None]
+        buffers: list[torch.Tensor | None] = [None, None]  # made on first use: in-place buckets need none
+        packed: set[int] = set()  # the buckets that took a buffer
+        in_flight: deque[tuple[int, tuple[dist.Work, ...], torch.Tensor, torch.Tensor]] = deque()
+        limit = 2 * max(plan.bucket_sizes_bytes, default=0)  # bytes on the wire at once (tensors sent in place)
+
+        def finish_oldest() -> None:
+            _, works, _, _ = in_flight.popleft()
+            for work in works:
+                complete(work, self._device)
 
         def buffer_for(index: int, size: int) -> torch.Tensor:
             slot = index % 2
-            if pending[slot] is not None:
-                complete(pending[slot], self._device)  # the buffer is free again once its broadcast finished
-                pending[slot] = None
+            while any(i in packed and i % 2 == slot for i, *_ in in_flight):
+                finish_oldest()  # the buffer is free again once its broadcast finished
+            if buffers[slot] is None:
+                buffers[slot] = torch.empty(send_buffer_sizes(plan)[slot], dtype=torch.uint8, device=self._device)
+            packed.add(index)
             return buffers[slot][:size]
 
-        for index, bucket in iter_buckets(plan, tensors, buffer_for):
-            pending[index % 2] = broadcast(group, bucket, spec.op_timeout_s)
-        for work in pending:
-            if work is not None:
-                complete(work, self._device)  # returns once every byte left: the caller's timing is the transfer's
+        for index, bucket in iter_buckets(plan, tensors, buffer_for, in_place_device=self._device):
+            while in_flight and sum(b.numel() for _, _, b, _ in in_flight) + bucket.numel() > limit:
+                finish_oldest()
+            checksum = bucket_checksum(bucket)
+            if self.tamper is not None:
+                self.tamper(index, bucket)
+            works = (broadcast(group, checksum, spec.op_timeout_s), broadcast(group, bucket, spec.op_timeout_s))
+            in_flight.append((index, works, bucket, checksum))  # the tensors stay alive until sent
+            del bucket
+        while in_flight:
+            finish_oldest()  # returns once every byte left: the caller's timing is the transfer's
         return plan.total_bytes
 
     def close(self) -> None:
@@ -143,19 +196,23 @@ class WeightSender:
 
 
 def send_buffer_sizes(plan: BucketPlan) -> list[int]:
-    """Bytes of the sender's two buffers: even buckets fill the first, odd ones the second."""
+    """Bytes of the sender's two buffers: even buckets fill the first, odd ones the second (at
+    most: a bucket that goes out in place takes none)."""
     sizes = plan.bucket_sizes_bytes
     return [max(sizes[slot::2]) for slot in range(min(2, len(sizes)))]
 
 
 def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
-                 buffer_for: Callable[[int, int], torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+                 buffer_for: Callable[[int, int], torch.Tensor],
+                 in_place_device: torch.device | None = None) -> Iterator[tuple[int, torch.Tensor]]:
     """Pack `tensors` into the plan's buckets as they come; yield (index, bucket bytes) as each fills.
 
     `tensors` must come in plan order, full and one at a time (a generator that gathers each
     one is the point): each is packed, in the plan's dtype, as soon as it arrives and dropped,
     so what is held is the bucket being filled plus one tensor, never the whole model.
-    `buffer_for(index, size)` hands out the bytes bucket `index` is packed into.
+    `buffer_for(index, size)` hands out the bytes bucket `index` is packed into. With
+    `in_place_device`, a bucket that is exactly one tensor already in the plan's dtype,
+    contiguous and on that device is yielded as that tensor's own bytes (no buffer, no copy).
 
     A tensor whose name, position or shape is not the plan's raises ValueError before its
     bucket is yielded, and the last bucket is yielded only once `tensors` is exhausted, so a
@@ -167,7 +224,7 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
     source = iter(tensors)
     position = 0
     for index, size in enumerate(plan.bucket_sizes_bytes):
-        buffer = buffer_for(index, size)
+        buffer = None
         while position < len(specs) and specs[position].bucket_index == index:
             item = next(source, None)
             if item is None:
@@ -176,15 +233,30 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
             name, tensor = item
             del item
             _check_against_plan(specs[position], position, positions, name, tensor)
-            _pack(buffer, specs[position], tensor)
+            if buffer is None and in_place_device is not None and _in_place(specs[position], size, tensor,
+                                                                            in_place_device):
+                buffer = tensor.detach().reshape(-1).view(torch.uint8)
+            else:
+                if buffer is None:
+                    buffer = buffer_for(index, size)
+                _pack(buffer, specs[position], tensor)
             del tensor  # the next tensor is made after this one is gone
             position += 1
+        if buffer is None:
+            buffer = buffer_for(index, size)  # a bucket without tensors (none are made so)
         if index == len(plan.bucket_sizes_bytes) - 1:
             _check_exhausted(source, len(specs))
         yield index, buffer
         del buffer  # the caller is done with it: not held while the next one fills
     if not plan.bucket_sizes_bytes:
         _check_exhausted(source, 0)
+
+
+def _in_place(spec: TensorSpec, bucket_size: int, tensor: torch.Tensor, device: torch.device) -> bool:
+    """Whether `tensor` can be broadcast as bucket `spec.bucket_index` from its own memory: it is
+    the whole bucket, in the plan's dtype, contiguous, on the sender's device, 8-byte aligned."""
+    return (spec.offset_bytes == 0 and spec.size_bytes == bucket_size and tensor.dtype == getattr(torch, spec.dtype)
+            and tensor.device == device and tensor.is_contiguous() and tensor.data_ptr() % 8 == 0)
 
 
 def _check_against_plan(spec: TensorSpec, position: int, positions: dict[str, int], name: str,
@@ -206,19 +278,22 @@ def _check_exhausted(source: Iterator[tuple[str, torch.Tensor]], count: int) -> 
 
 
 def _pack(buffer: torch.Tensor, spec: TensorSpec, tensor: torch.Tensor) -> None:
-    flat = tensor.detach().to(device=buffer.device, dtype=getattr(torch, spec.dtype)).contiguous()
-    buffer[spec.offset_bytes:spec.offset_bytes + spec.size_bytes].copy_(flat.view(-1).view(torch.uint8))
+    """One pass: the cast (if any) and the copy into the bucket happen in the same copy_."""
+    dst = buffer[spec.offset_bytes:spec.offset_bytes + spec.size_bytes].view(getattr(torch, spec.dtype))
+    dst.view(tensor.shape).copy_(tensor.detach())
 
 
 class WeightReceiver:
     """A generator's side: joins the epoch's group and receives one version.
 
-    The device's extra memory is two buckets whatever the model's size: buckets arrive into two
+    On CPU each bucket arrives straight into the memory it is staged in (the staged tensors are
+    views of it: no copy). With a `stage_device` other than `device` (a generator on a GPU) the
+    device's extra memory is two buckets whatever the model's size: buckets arrive into two
     buffers on `device` (the next one posted while the last one is copied out) and each bucket
-    is copied to `stage_device` as it completes. A generator on a GPU stages in host memory
-    (pinned), outside vLLM's device budget, and vLLM's loaders copy each tensor onto the device
-    as they take it, as when they load a checkpoint; on CPU both are the CPU (a copy per tensor,
-    as before).
+    is copied to `stage_device` (pinned host memory, outside vLLM's device budget) as it
+    completes; vLLM's loaders copy each tensor onto the device as they take it, as when they
+    load a checkpoint. Either way every bucket's checksum is verified before anything of the
+    version is returned.
     """
 
     def __init__(self, device: torch.device | None = None, secret: str | None = None,
@@ -240,14 +315,30 @@ class WeightReceiver:
         return self._store
 
     def receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
-        """Receive every bucket of `version`; returns the full staged state dict or raises."""
-        try:
-            return self._receive(spec, rank, version, plan)
-        except Exception:
-            self._group.close(failed=True)
-            raise
+        """Receive every bucket of `version`; returns the full staged state dict or raises
+        (`WeightChecksumError` when a bucket arrived corrupted)."""
+        return dict(self.iter_receive(spec, rank, version, plan))
 
-    def _receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan) -> dict[str, torch.Tensor]:
+    def iter_receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan,
+                     ahead: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """`version`'s tensors (HF name, tensor) bucket by bucket, each bucket only once it arrived
+        whole and matched its checksum; raises on any failure (`WeightChecksumError`: a corrupted
+        bucket), and the group is dropped then, or when the caller stops early.
+
+        On CPU the tensors are views of memory of their own bucket, posted `ahead` buckets before
+        the one handed out (None: every bucket at once); with `ahead`, memory the caller has let
+        go of is all that stays, so a caller that applies each tensor and drops it holds about
+        `ahead` + 1 buckets at a time."""
+        completed = False
+        try:
+            yield from self._iter_receive(spec, rank, version, plan, ahead)
+            completed = True
+        finally:
+            if not completed:  # an error, or a caller that gave up: never reuse the group
+                self._group.close(failed=True)
+
+    def _iter_receive(self, spec: GroupSpec, rank: int, version: int, plan: BucketPlan,
+                      ahead: int | None) -> Iterator[tuple[str, torch.Tensor]]:
         if not 1 <= rank < spec.world_size:
             raise ValueError(f"receivers take ranks 1..world_size-1 ({spec.world_size - 1}), got {rank}")
         group = self._group.get(self._store_for(spec), spec, rank, self._device)
@@ -257,39 +348,66 @@ class WeightReceiver:
         if not torch.equal(header, expected):
             raise ConnectionError(f"weight-sync header {header.tolist()} does not match the announced "
                                   f"{expected.tolist()} (version, buckets, bytes, plan digest)")
-        staged: dict[str, torch.Tensor] = {}
-        for _, bucket, tensors in receive_buckets(group, plan, self._device, spec.op_timeout_s):
-            if self._stage_device != self._device:  # one copy of the whole bucket, in pinned host memory
+        in_place = self._stage_device == self._device
+        into = (lambda index, size: torch.empty(size, dtype=torch.uint8, device=self._device)) if in_place else None
+        for _, bucket, tensors in receive_buckets(group, plan, self._device, spec.op_timeout_s, into=into,
+                                                  version=version, ahead=ahead if in_place else None):
+            if not in_place:  # one copy of the whole bucket, in pinned host memory
                 bucket = torch.empty(bucket.shape, dtype=torch.uint8, device=self._stage_device,
                                      pin_memory=True).copy_(bucket)
-            for t in tensors:
-                raw = bucket[t.offset_bytes:t.offset_bytes + t.size_bytes]
-                if self._stage_device == self._device:
-                    raw = raw.clone()  # the buffer is refilled two buckets later
-                staged[t.name] = raw.view(getattr(torch, t.dtype)).view(t.shape)
-        return staged
+            views = [(t.name, bucket[t.offset_bytes:t.offset_bytes + t.size_bytes].view(getattr(torch, t.dtype))
+                      .view(t.shape)) for t in tensors]  # views into the bucket, which they keep alive
+            del bucket
+            while views:
+                yield views.pop(0)
 
     def close(self) -> None:
         self._group.close()
 
 
-def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.device, timeout_s: float
-                    ) -> Iterator[tuple[int, torch.Tensor, list[TensorSpec]]]:
-    """Receive the plan's buckets into two reused buffers on `device`; yield (index, the bucket's
-    bytes, the specs of its tensors) as each one completes. The bytes are a view into a buffer
-    that is refilled two buckets later: the caller copies out what it keeps before it asks for
-    the next bucket. While it does, the next bucket is already posted into the other buffer."""
+def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.device, timeout_s: float,
+                    into: Callable[[int, int], torch.Tensor] | None = None, version: int | None = None,
+                    ahead: int | None = None) -> Iterator[tuple[int, torch.Tensor, list[TensorSpec]]]:
+    """Receive the plan's buckets, each after its checksum; yield (index, the bucket's bytes, the
+    specs of its tensors) as each one completes and matches its checksum (else raise
+    `WeightChecksumError`; `version` only names the version in its message). While the caller
+    handles a bucket, the next one is already posted.
+
+    `into(index, size)` gives the memory bucket `index` arrives in (the caller keeps it), and
+    `ahead` buckets are posted before the one handed out (None: every bucket at once, so the
+    sender never waits for a receive to be posted); None:
+    two reused buffers on `device`, so the bytes yielded are refilled two buckets later and the
+    caller copies out what it keeps before it asks for the next bucket."""
     by_bucket: dict[int, list[TensorSpec]] = {}
     for t in plan.tensors:
         by_bucket.setdefault(t.bucket_index, []).append(t)
     sizes = plan.bucket_sizes_bytes
-    buffers = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(min(2, len(sizes)))]
-    works = {0: broadcast(group, buffers[0][:sizes[0]], timeout_s)} if sizes else {}
+    own = into is not None
+    if into is None:
+        buffers = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(min(2, len(sizes)))]
+        into = lambda index, size: buffers[index % 2][:size]
+
+    def post(index: int) -> tuple[torch.Tensor, torch.Tensor, dist.Work, dist.Work]:
+        checksum = torch.zeros(1, dtype=torch.int64, device=device)
+        bucket = into(index, sizes[index])
+        return (checksum, bucket, broadcast(group, checksum, timeout_s), broadcast(group, bucket, timeout_s))
+
+    ahead = 1 if not own else len(sizes) if ahead is None else max(1, ahead)  # two buffers: one ahead
+    posted = {i: post(i) for i in range(min(ahead, len(sizes)))}
     for index in range(len(sizes)):
-        complete(works.pop(index), device)  # the bytes are in the buffer, not merely enqueued (NCCL)
-        if index + 1 < len(sizes):  # keep the next receive posted while this one is copied out
-            works[index + 1] = broadcast(group, buffers[(index + 1) % 2][:sizes[index + 1]], timeout_s)
-        yield index, buffers[index % 2][:sizes[index]], by_bucket.get(index, [])
+        checksum, bucket, checksum_work, bucket_work = posted.pop(index)
+        complete(checksum_work, device)
+        complete(bucket_work, device)  # the bytes are in the buffer, not merely enqueued (NCCL)
+        if index + ahead < len(sizes):  # keep the next receive posted while this one is checked and handed out
+            posted[index + ahead] = post(index + ahead)
+        got = bucket_checksum(bucket)
+        if not torch.equal(got, checksum):
+            named = "" if version is None else f" of weight version {version}"
+            raise WeightChecksumError(
+                f"bucket {index} of {len(sizes)}{named} ({sizes[index]} bytes) arrived corrupted: its bytes sum to "
+                f"{int(got.item())}, the sender's checksum is {int(checksum.item())}; nothing of this version is "
+                "staged (the old weights keep serving) and the publish fails")
+        yield index, bucket, by_bucket.get(index, [])
 
 
 def iter_plan_tensors(plan: BucketPlan, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -51,7 +51,7 @@ from generator_svc.config import GeneratorSettings
 from generator_svc.engines.gate import SwapGate
 from generator_svc.engines.sleep import SleepState, memory_args
 from generator_svc.engines.vllm_outputs import sequence_scores, to_completion
-from generator_svc.worker_extension import APPLY, PREPARE_PIPELINE, STAGE
+from generator_svc.worker_extension import APPLY, PREPARE_PIPELINE, RECEIVE_APPLY, STAGE
 from tandem.generation.types import (
     Completion,
     GeneratorInfo,
@@ -262,7 +262,57 @@ class VllmEngine:
             raise FailedPrecondition("this generator serves a distillation teacher: its weights never change")
         log = self._log.bind(weight_version=version, source=type(source).__name__)
         # Shielded: a caller that gives up (deadline) must not interrupt a swap half-way.
+        if self._streams(source):
+            return await asyncio.shield(self._swap_streamed(source, version, log))
         return await asyncio.shield(self._swap(version, log, lambda: self._stage(source, version, log)))
+
+    def _streams(self, source: WeightSource) -> bool:
+        """Whether `source` is loaded bucket by bucket as it arrives (GeneratorSettings.stream_weight_updates)."""
+        settings = self._settings
+        return (settings.stream_weight_updates and isinstance(source, CollectiveSource)
+                and not settings.in_flight_weight_updates and not self._sleep.asleep
+                and settings.tensor_parallel_size == 1 and settings.pipeline_parallel_size == 1)
+
+    async def _swap_streamed(self, source: CollectiveSource, version: int, log: Any) -> int:
+        """Receive and apply at once (worker_extension.RECEIVE_APPLY), the calls in flight drained
+        first. A failure before the first bucket was whole and checked keeps the old version
+        serving; a later one leaves weights of no version: not served until a publish succeeds."""
+        async with self._swap_lock:
+            if self._serving and version < self._version:
+                raise ValueError(f"weight version {version} is older than the served version {self._version}")
+            self._sleep.check_can_load()
+            timeout_s = _RPC_MARGIN_S + source.group.op_timeout_s * (len(source.plan.bucket_sizes_bytes) + 2)
+            started = time.monotonic()
+            async with self._gate.swap():  # calls in flight finish on the old weights; new ones wait
+                await self._pause(mode="wait", clear_cache=True)
+                try:
+                    (result, *_) = await self._llm.collective_rpc(RECEIVE_APPLY, timeout=timeout_s,
+                                                                  args=(source_to_json(source), version))
+                except Exception as exc:  # vLLM re-raises worker errors as plain Exception
+                    self._serving = False
+                    log.error("weights_stream_failed_not_serving", error=f"{type(exc).__name__}: {exc}")
+                    raise ConnectionError(f"weight version {version} failed part-way through its streamed load; "
+                                          f"the generator serves no version until a publish succeeds: {exc}") from exc
+                if not result["applied"]:
+                    await self._llm.resume_generation()
+                    log.warning("weights_read_failed", error=result["error"], serving=self._serving)
+                    raise ConnectionError(f"reading weight version {version} from {type(source).__name__} failed, "
+                                          f"version {self._version} "
+                                          f"{'keeps serving' if self._serving else 'is not serving'}: {result['error']}")
+                try:
+                    await self._llm.reset_prefix_cache()
+                    await self._llm.engine_core.set_weight_version_async(str(version))
+                except Exception:
+                    self._serving = False
+                    log.exception("weights_apply_failed_not_serving")
+                    raise
+                self._version, self._serving = version, True
+                await self._llm.resume_generation()
+            log.info("weights_swapped", streamed=True, tensors=result["applied"],
+                     seconds=round(time.monotonic() - started, 3),
+                     **{k: v for k, v in result.items() if k.endswith("_s")})  # reload (waited on the wire), repack
+            self._sleep.loaded()
+            return self._version
 
     async def _swap(self, version: int, log: Any, stage: Any) -> int:
         async with self._swap_lock:
@@ -339,6 +389,7 @@ class VllmEngine:
 
     async def _apply(self, version: int, log: Any, in_flight: int = 0) -> None:
         """Swap the staged version in (generation is paused; `in_flight` requests frozen in it)."""
+        started = time.monotonic()
         try:
             await self._llm.collective_rpc(APPLY, args=(version,))
             await self._llm.reset_prefix_cache()  # refused (False) while frozen requests hold KV blocks
@@ -348,7 +399,7 @@ class VllmEngine:
             log.error("weights_apply_failed_not_serving", exc_info=True)
             raise
         self._version, self._serving = version, True
-        log.info("weights_swapped", in_flight=in_flight)
+        log.info("weights_swapped", in_flight=in_flight, seconds=round(time.monotonic() - started, 3))
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new calls; wait up to timeout_s for the calls and weight swap in flight.

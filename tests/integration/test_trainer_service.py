@@ -220,7 +220,7 @@ plan = BucketPlan(tuple(TensorSpec(**{**t, "shape": tuple(t["shape"])}) for t in
 receiver = WeightReceiver(secret=spec["token"])  # the trainer's store is sealed with the run's token
 state = receiver.receive(GroupSpec(**spec["group"]), 1, spec["version"], plan)
 receiver.close()
-save_file(state, sys.argv[2])
+save_file({name: t.clone() for name, t in state.items()}, sys.argv[2])  # staged tensors are views of their bucket
 """
 
 
@@ -232,8 +232,10 @@ def test_publish_weights_equal_the_exported_checkpoint(trainer, tmp_path):
                                 "version": 3, "token": procs.TOKEN}))
     script = tmp_path / "receiver.py"
     script.write_text(RECEIVER)
+    # the code under test, not whatever checkout the environment's install of the package points at
+    root = str(Path(__file__).resolve().parents[2])
     receiver = subprocess.Popen([sys.executable, str(script), str(spec), str(tmp_path / "received.safetensors")],
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root})
     try:
         published = trainer.client.publish_weights(group, version=3)
         assert receiver.wait(timeout=60) == 0

@@ -32,8 +32,8 @@ def _receive(address, epoch, die, queue):
 
         real = weight_sync.receive_buckets
 
-        def dying(*args):
-            for item in real(*args):
+        def dying(*args, **kwargs):
+            for item in real(*args, **kwargs):
                 os._exit(1)
                 yield item
         weight_sync.receive_buckets = dying

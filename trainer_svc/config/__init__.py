@@ -157,7 +157,14 @@ class TrainerSettings(_Strict):
     weight_sync_host: str = "127.0.0.1"
     """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
     weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)
-    """Bytes per weight-sync bucket (one broadcast each)."""
+    """Bytes per weight-sync bucket (one broadcast each) of the tensors packed together: the
+    sender holds two (one filling, one on the wire), and so does a generator on a GPU."""
+    weight_sync_in_place_bytes: int | None = Field(1 << 20, gt=0)
+    """A tensor of at least this many bytes travels in a weight-sync bucket of its own, broadcast
+    straight from its memory when it is already in the dtype the generators serve (no copy into a
+    bucket, none out of it on the generator); smaller ones are packed. null: every tensor packed.
+    At Qwen2.5-0.5B's shape the default sends the publish at near a raw broadcast's speed
+    (benchmarks/publish_real_size.py)."""
     weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """dtype the generators receive: the one they serve (the coordinator sets it to the dtype it
     gives them, policy.precision), so they serve what the trainer trains, in as few bytes as that

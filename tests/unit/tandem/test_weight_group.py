@@ -21,7 +21,7 @@ from tandem.weight_group import (
     nccl_init_timeout_env,
 )
 from tandem.weight_plan import GroupSpec
-from tandem.weight_sync import iter_buckets, make_bucket_plan, receive_buckets
+from tandem.weight_sync import WeightChecksumError, bucket_checksum, iter_buckets, make_bucket_plan, receive_buckets
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 NCCL_KEYS = ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_NONBLOCKING_TIMEOUT")
@@ -140,15 +140,19 @@ SHAPES = {"embed": (50, 16), "a": (16, 16), "b": (16,), "c": (64, 16), "d": (16,
 
 
 class _Group:
-    """A fake group: each broadcast fills its tensor with the next bucket the sender packed."""
+    """A fake group: each broadcast fills its tensor with what the sender sent next (a bucket's
+    checksum, then the bucket)."""
 
     def __init__(self, buckets, log):
-        self.buckets, self.log, self.storages = iter(buckets), log, set()
+        self.log, self.storages = log, set()
+        self.sent = iter([x for bucket in buckets for x in (bucket_checksum(bucket), bucket)])
 
     def broadcast(self, tensors, opts):
         (tensor,) = tensors
+        tensor.copy_(next(self.sent))
+        if tensor.dtype == torch.int64:
+            return _Work(self.log, "checksum")
         self.storages.add(tensor.untyped_storage().data_ptr())
-        tensor.copy_(next(self.buckets))
         self.log.append(("post", tensor.numel()))
         return _Work(self.log, tensor.numel())
 
@@ -162,7 +166,8 @@ def test_receive_holds_two_bucket_buffers_and_hands_each_bucket_out_only_once_co
     sent = [bucket.clone() for _, bucket in packed]
     log = []
     group = _Group(sent, log)
-    monkeypatch.setattr(weight_sync, "complete", lambda work, device: log.append(("complete", work.name)))
+    monkeypatch.setattr(weight_sync, "complete",
+                        lambda work, device: work.name == "checksum" or log.append(("complete", work.name)))
     received = {}
     for index, bucket, specs in receive_buckets(group, plan, CPU, 5.0):
         log.append(("yield", index))
@@ -175,6 +180,61 @@ def test_receive_holds_two_bucket_buffers_and_hands_each_bucket_out_only_once_co
     assert [e for e in log if e[0] == "complete"] == [("complete", s) for s in plan.bucket_sizes_bytes]
     for name, tensor in state.items():
         assert torch.equal(received[name].view(tensor.shape), tensor), name
+
+
+def test_a_streamed_receive_lands_in_fresh_memory_and_posts_a_bounded_number_ahead(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    sent = [b.clone() for _, b in iter_buckets(plan, state.items(), lambda i, size: torch.empty(size, dtype=torch.uint8))]
+    log = []
+    group = _Group(sent, log)
+    monkeypatch.setattr(weight_sync, "complete", lambda work, device: None)
+    made = []
+
+    def into(index, size):
+        made.append(index)
+        return torch.empty(size, dtype=torch.uint8)
+
+    kept = []
+    for index, bucket, _ in receive_buckets(group, plan, CPU, 5.0, into=into, ahead=2):
+        assert made == list(range(min(index + 3, len(sent))))  # this bucket and at most two ahead
+        assert torch.equal(bucket, sent[index])
+        kept.append(bucket)
+    assert len(group.storages) == len(sent)  # each bucket arrived in the memory handed out: nothing copied
+
+
+def test_a_bucket_that_arrives_corrupted_is_never_handed_out(monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    sent = [bucket.clone() for _, bucket in iter_buckets(plan, state.items(),
+                                                         lambda i, size: torch.empty(size, dtype=torch.uint8))]
+    checksums = [bucket_checksum(b) for b in sent]
+    sent[2][100] ^= 0x01  # one bit flipped in flight, after the sender took its checksum
+
+    class Corrupting(_Group):
+        def __init__(self):
+            super().__init__(sent, [])
+            self.sent = iter([x for c, b in zip(checksums, sent) for x in (c, b)])
+
+    monkeypatch.setattr(weight_sync, "complete", lambda work, device: None)
+    handed_out = []
+    with pytest.raises(WeightChecksumError, match="bucket 2 of .* of weight version 7 .* arrived corrupted"):
+        for index, _, _ in receive_buckets(Corrupting(), plan, CPU, 5.0, version=7):
+            handed_out.append(index)
+    assert handed_out == [0, 1]
+
+
+def test_checksum_changes_with_any_one_word_and_costs_one_read():
+    bucket = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    base = bucket_checksum(bucket)
+    for position in (0, 7, 8, 4095):
+        for bit in (0, 7):
+            flipped = bucket.clone()
+            flipped[position] ^= 1 << bit
+            assert not torch.equal(bucket_checksum(flipped), base), (position, bit)
+    assert base.dtype == torch.int64 and base.shape == (1,)
 
 
 def test_a_failed_nccl_group_is_aborted_a_gloo_one_shut_down():

@@ -165,6 +165,27 @@ def test_a_publish_that_fails_part_way_is_retried_on_a_new_epoch_without_the_dea
     assert publisher.publish(handles[:1]).epoch == 1  # same members: the epoch stays
 
 
+def test_a_bucket_that_arrived_corrupted_fails_the_attempt_and_the_publish_is_retried_to_the_same_generator():
+    gen = FakeGenerator()
+    trainer = FakeTrainer()
+    dropped = []
+    publisher = _publisher(trainer, on_dead=lambda h, e: dropped.append(h.member_id))
+    original, attempts = gen.load_weights, []
+
+    def corrupted_once(source, version, timeout_s=0):  # the generator's answer to a checksum mismatch
+        attempts.append(source.group.epoch)
+        if len(attempts) == 1:
+            raise FakeRpcError(Status.UNAVAILABLE, "ConnectionError: reading weight version 1 from CollectiveSource "
+                                                   "failed, version 0 keeps serving: WeightChecksumError: bucket 3 of "
+                                                   "7 of weight version 1 (1024 bytes) arrived corrupted")
+        return original(source, version, timeout_s)
+
+    gen.load_weights = corrupted_once
+    report = publisher.publish(_handles(gen))
+    assert report.attempts == 2 and attempts == [0, 1]  # resent on a new epoch, never reusing the failed group
+    assert gen.version == 1 and not dropped  # it answers GetInfo: kept, and it serves the resent version
+
+
 def test_a_publish_with_nobody_left_records_the_version_for_the_next_generator_to_come():
     gen = FakeGenerator()
     gen.dead = True
