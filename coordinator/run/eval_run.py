@@ -38,9 +38,12 @@ def is_loop_checkpoint(path: Path) -> bool:
 class EvalContext:
     """What validation needs from a loop context, over generators that serve their own weights."""
 
+    cfg: ExperimentConfig
     services: Services
     tokens: Tokens
     log: object
+    agents: object | None = None
+    """The rollout gateway for agent tasks (loop/rollouts.py agent_runner), started on first use."""
 
     def generators(self) -> list[GeneratorHandle]:
         return self.services.all_generators()
@@ -72,14 +75,23 @@ class EvalRun(RunBase):
         started = time.perf_counter()
         if self.checkpoint is None:
             with self._services(model_dir, "generators and rewards", cluster_type=InferenceCluster) as (services, _):
-                accuracy = self._measure(EvalContext(services, tokens, self.log), val)
+                ctx = EvalContext(cfg, services, tokens, self.log)
+                try:
+                    accuracy = self._measure(ctx, val)
+                finally:
+                    if ctx.agents is not None:
+                        ctx.agents.close()  # the rollout gateway
         else:
             with self._services(model_dir, "services (trainer, generators, rewards)") as (services, _):
                 ctx = LoopContext.connect(cfg, services, tokens, val, cfg.grpo.seed, self.log,
                                           versions=self.status.versions)
                 services.trainer.load_checkpoint(str((self.checkpoint / "trainer").resolve()))
                 ctx.publish()
-                accuracy = self._measure(ctx, val)
+                try:
+                    accuracy = self._measure(ctx, val)
+                finally:
+                    if ctx.agents is not None:
+                        ctx.agents.close()  # the rollout gateway
         self.timings["eval_s"] = time.perf_counter() - started
         summary = {"run_dir": str(self.run_dir), "model": model_dir, "accuracy": accuracy, "num_samples": len(val),
                    "checkpoint": str(self.checkpoint) if self.checkpoint else None}

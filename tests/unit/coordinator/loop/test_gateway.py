@@ -263,15 +263,20 @@ def test_a_second_call_while_one_is_in_flight_is_refused(served, tok):
     assert results and results[0].choices[0].message.content == "1"
 
 
-def test_validation_runs_agent_tasks_greedily_through_the_gateway(served, tok):
+@pytest.mark.parametrize("context", ["loop", "eval"])
+def test_validation_runs_agent_tasks_greedily_through_the_gateway(served, tok, context):
+    """context: a loop context's fields, or `tandem eval`'s EvalContext (which once lacked the cfg that validate reads)."""
     from types import SimpleNamespace
 
     from coordinator.loop.evaluation import validate
     from coordinator.loop.gateway.agents import AgentRunner
+    from coordinator.run.eval_run import EvalContext
 
     gateway, server, generator = served([chars(tok, "1"), chars(tok, "3")])
     cfg = load_config(raw={"env": {"arithmetic": {"agent": {"function": f"{__name__}.good", "max_concurrency": 1}}}})
-    ctx = SimpleNamespace(cfg=cfg, agents=AgentRunner(gateway, server))
+    runner = AgentRunner(gateway, server)
+    ctx = (SimpleNamespace(cfg=cfg, agents=runner) if context == "loop"
+           else EvalContext(cfg, services=None, tokens=None, log=None, agents=runner))
     samples = []
     result = validate(ctx, [Example("0+1", "1", "arithmetic", (1,)), Example("1+1", "2", "arithmetic", (1,))], 4,
                       samples=samples)
