@@ -29,8 +29,8 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed.checkpoint as dcp
+from raw_io import disk_seconds, evict
 from real_size_model import ensure_real_size_model
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -38,47 +38,13 @@ from trainer_svc.backends.dtensor import DTensorBackend
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import close_distributed, init_distributed
 
-CHUNK = 64 << 20
-
 
 def _files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()]
 
 
-def _evict(root: Path) -> None:
-    for path in _files(root):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _size(root: Path) -> int:
     return sum(p.stat().st_size for p in _files(root))
-
-
-def disk(root: Path, nbytes: int) -> tuple[float, float]:
-    """Seconds to write + fsync `nbytes` into one file, and to read them back cold."""
-    path = root / "disk.bin"
-    block = memoryview(torch.randint(0, 255, (CHUNK,), dtype=torch.uint8).numpy())
-    start = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        left = nbytes
-        while left > 0:
-            left -= f.write(block[: min(left, CHUNK)])
-        os.fsync(f.fileno())
-    write_s = time.perf_counter() - start
-    _evict(root)
-    buffer = bytearray(CHUNK)
-    start = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buffer):
-            pass
-    read_s = time.perf_counter() - start
-    path.unlink()
-    return write_s, read_s
 
 
 def _status_bytes(field: str) -> int:
@@ -156,7 +122,7 @@ def main() -> None:
                     figures["durable"] = time.perf_counter() - start
             figures["save peak +GiB"] = saving.gib
             nbytes = _size(path / "dcp")
-            _evict(path)
+            evict(path)
             backend._optimizer.state.clear()  # as in a fresh trainer
             start = time.perf_counter()
             with PeakGrowth() as loading:
@@ -171,7 +137,7 @@ def main() -> None:
             shutil.rmtree(path)
             rows[name].append(figures)
             print(name, rep, {k: round(v, 2) for k, v in figures.items()}, flush=True)
-        disks.append(disk(root, nbytes))
+        disks.append(disk_seconds(root, nbytes))
         print("disk", rep, [round(x, 2) for x in disks[-1]], flush=True)
     gib = nbytes / 2**30
     keys = ["save returns", "durable", "load (cold)", "save peak +GiB", "load peak +GiB"]

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from tandem.durable import fsync_dir, replace_durably
+
 WRITE_POLL_S = 30.0
 """Seconds of one `checkpoint_written` call (it is repeated until the write ends or the limit)."""
 
@@ -52,7 +54,7 @@ class CheckpointWriter:
         trainer.save_checkpoint(trainer_dir, background=True)
         if self.save_hf:
             trainer.export_hf(str((tmp / "hf").resolve()))  # complete when the step directory is renamed into place
-        _write_durably(tmp / "coordinator.json", json.dumps(state, indent=1))
+        replace_durably(tmp / "coordinator.json", json.dumps(state, indent=1))
         self._thread = threading.Thread(target=self._complete, args=(step, trainer, trainer_dir, tmp, final, started),
                                         name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
@@ -83,10 +85,8 @@ class CheckpointWriter:
                     raise TimeoutError(f"the trainer's checkpoint write took over {self.write_limit_s:.0f}s")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
-            _write_durably(self.root / "latest.tmp", final.name)
-            os.replace(self.root / "latest.tmp", self.root / "latest")
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
+            replace_durably(self.root / "latest", final.name)
             for old in sorted(p for p in self.root.glob("step_*") if p.is_dir())[:-self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
             for stale in self.root.glob(".tmp_step_*"):  # left by a crash mid-write
@@ -98,21 +98,6 @@ class CheckpointWriter:
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
             self._error = exc
             self.log.warning("checkpoint_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
-
-
-def _write_durably(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def latest(root: Path) -> Path | None:

@@ -51,6 +51,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from tandem.durable import replace_durably
+
 STATE_FILE = "trainer_state.json"
 RAW_MARK = "RAW"
 _SMALL = 1 << 20
@@ -308,21 +310,7 @@ def finish_save(path: Path, *, world_size: int, global_step: int, timeout_s: flo
             raise TimeoutError(f"the checkpoint at {path}: ranks {missing} did not finish writing in {timeout_s:.0f}s")
         time.sleep(0.05)
         missing = [r for r in missing if not (path / "written" / f"rank{r}").is_file()]
-    tmp = path / f"{STATE_FILE}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps({"global_step": global_step, "world_size": world_size}))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path / STATE_FILE)
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_durably(path / STATE_FILE, json.dumps({"global_step": global_step, "world_size": world_size}))
 
 
 def is_checkpoint(path: Path) -> bool:
