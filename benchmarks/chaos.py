@@ -62,6 +62,7 @@ from benchmarks.chaos_check import (
     stop_everything,
     torchrun_rank,
 )
+from benchmarks.portable_args import without_paths
 
 RUN_NAME = "chaos"
 RECOVERED_AFTER = 2
@@ -312,19 +313,6 @@ def reference(work: Path, steps: int, seed: int, timeout_s: float = 900.0) -> Ou
     return Nemesis(work, steps, seed, [], timeout_s=timeout_s).run()
 
 
-def _without_paths(argv: list[str]) -> list[str]:
-    """The arguments without --work/--out and their values (paths of this machine)."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--work", "--out"):
-            skip = True
-        elif not arg.startswith(("--work=", "--out=")):
-            kept.append(arg)
-    return kept
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -372,7 +360,7 @@ def main() -> int:
     stop_everything(outcome.home)  # after a failed run
     result["reference_wall_s"] = round(ref_wall, 1)
     result["asynchronous"] = args.asynchronous
-    result["command"] = "benchmarks/chaos.py " + " ".join(_without_paths(sys.argv[1:]))
+    result["command"] = "benchmarks/chaos.py " + " ".join(without_paths(sys.argv[1:], ("--work", "--out")))
     args.out.mkdir(parents=True, exist_ok=True)
     mode = "-async" if args.asynchronous else ""
     stem = args.out / f"{time.strftime('%Y-%m-%d')}-chaos{mode}-seed{args.seed}-{args.steps}steps"

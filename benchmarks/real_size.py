@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from portable_args import without_paths
 from proc_memory import ServiceLog, TreeSampler
 from raw_io import broadcast_seconds, disk_seconds, evict
 from real_size_model import SHAPES, directory_bytes
@@ -189,15 +190,7 @@ def result_path(args, when: datetime.date) -> Path:
 
 def _portable(argv: list[str]) -> list[str]:
     """The arguments without the paths of this machine (--work-dir, --out: they change no figure)."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--work-dir", "--out"):
-            skip = True
-        elif not arg.startswith(("--work-dir=", "--out=")):
-            kept.append(arg)
-    return kept
+    return without_paths(argv, ("--work-dir", "--out"))
 
 
 def main(argv: list[str] | None = None) -> None:
