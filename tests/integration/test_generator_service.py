@@ -252,22 +252,11 @@ def test_greedy_logprobs_match_hf_then_weight_push_swaps_to_b(env):
     check_matches_hf(client, env["B"], batch, version=1)  # same prompts: A's cached KV must be gone
 
 
-def test_a_bucket_corrupted_in_flight_fails_the_publish_and_is_never_served(env):
-    """A byte flipped in flight after the sender took its bucket's checksum: the generator refuses
-    the version before applying anything (UNAVAILABLE, which the coordinator's publisher retries
-    on a new epoch) and keeps serving the version it had, exactly."""
-    client, sender = env["client"], env["sender"]
-    state = {k: v.detach().clone().contiguous() for k, v in env["B"].state_dict().items()}
-    plan = plan_for_state_dict(state, torch.float32)
-    group = GroupSpec(sender.address, epoch=10, epoch_secret=uuid.uuid4().hex, world_size=2, op_timeout_s=30.0)
-    tampered: list[int] = []
-
-    def flip(index: int, bucket: torch.Tensor) -> None:
-        if index == 0:
-            bucket[1000] ^= 0x10  # inside the first tensor's bytes
-            tampered.append(index)
-
-    sender.tamper = flip
+def _publish_tampered(client, sender, plan, state, *, epoch: int, tamper) -> pytest.ExceptionInfo:
+    """Publish `state` as version 2 with `tamper(index, bucket)` run on each bucket after its
+    checksum was taken; the generator's load must fail: its RpcFailure."""
+    group = GroupSpec(sender.address, epoch=epoch, epoch_secret=uuid.uuid4().hex, world_size=2, op_timeout_s=30.0)
+    sender.tamper = tamper
     thread = threading.Thread(target=lambda: _send_ignoring_errors(sender, group, 2, plan, state))
     thread.start()
     try:
@@ -276,6 +265,24 @@ def test_a_bucket_corrupted_in_flight_fails_the_publish_and_is_never_served(env)
     finally:
         thread.join(60)
         sender.tamper = None
+    return err
+
+
+def test_a_bucket_corrupted_in_flight_fails_the_publish_and_is_never_served(env):
+    """A byte flipped in flight after the sender took its bucket's checksum: the generator refuses
+    the version before applying anything (UNAVAILABLE, which the coordinator's publisher retries
+    on a new epoch) and keeps serving the version it had, exactly."""
+    client, sender = env["client"], env["sender"]
+    state = {k: v.detach().clone().contiguous() for k, v in env["B"].state_dict().items()}
+    plan = plan_for_state_dict(state, torch.float32)
+    tampered: list[int] = []
+
+    def flip(index: int, bucket: torch.Tensor) -> None:
+        if index == 0:
+            bucket[1000] ^= 0x10  # inside the first tensor's bytes
+            tampered.append(index)
+
+    err = _publish_tampered(client, sender, plan, state, epoch=10, tamper=flip)
     assert tampered == [0]
     assert err.value.status is Status.UNAVAILABLE and not err.value.status.rejects_request  # the publisher retries
     assert "bucket 0 of 1 of weight version 2" in err.value.details and "arrived corrupted" in err.value.details
@@ -286,16 +293,8 @@ def test_a_bucket_corrupted_in_flight_fails_the_publish_and_is_never_served(env)
     # checksums, so a bucket corrupted after the first leaves weights of no version, never served
     plan = plan_for_state_dict(state, torch.float32, bucket_bytes=64 << 10)
     assert len(plan.bucket_sizes_bytes) > 3
-    group = GroupSpec(sender.address, epoch=11, epoch_secret=uuid.uuid4().hex, world_size=2, op_timeout_s=30.0)
-    sender.tamper = lambda index, bucket: index == 2 and bucket.__setitem__(0, bucket[0] ^ 0x10)
-    thread = threading.Thread(target=lambda: _send_ignoring_errors(sender, group, 2, plan, state))
-    thread.start()
-    try:
-        with pytest.raises(RpcFailure) as err:
-            client.load_weights(CollectiveSource(group, 1, plan), 2, timeout_s=120)
-    finally:
-        thread.join(60)
-        sender.tamper = None
+    err = _publish_tampered(client, sender, plan, state, epoch=11,
+                            tamper=lambda index, bucket: index == 2 and bucket.__setitem__(0, bucket[0] ^ 0x10))
     assert err.value.status is Status.UNAVAILABLE and "bucket 2 of" in err.value.details
     assert "serves no version" in err.value.details
     assert not check_health(env["service"].address, SERVICE)
