@@ -25,6 +25,7 @@ the previous prompt + completion text, and only the rest is tokenized.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Sequence
@@ -205,6 +206,17 @@ class EpisodeRecord:
         self.tokens += ids
         self.logprobs += [OBSERVATION_LOGPROB] * len(ids)
         self.loss_mask += [0.0] * len(ids)
+
+    _STATE = ("tokens", "prompt_length", "loss_mask", "logprobs", "turns", "messages", "tools", "text", "choices",
+              "retokenize_mismatches", "malformed_tool_calls", "tool_calls")
+
+    def save(self) -> dict:
+        """What a call may change, to `restore` when the call fails before sampling anything."""
+        return {name: copy.copy(getattr(self, name)) for name in self._STATE}
+
+    def restore(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def finish(self) -> None:
         """End the episode: a last call's reply that no call continued is its last turn (choice 0)."""

@@ -37,6 +37,11 @@ class BadRequest(ValueError):
     """A request the gateway cannot serve as sent (HTTP 400); the message says what to change."""
 
 
+class GeneratorUnavailable(RuntimeError):
+    """No generator could serve the call (HTTP 503). `generate` already re-sent it to the live
+    ones (loop/rollout.py); this is what is left when none could."""
+
+
 @dataclass(frozen=True)
 class GatewayDefaults:
     """What a request that leaves sampling unset gets (the run's policy.generation)."""
@@ -108,7 +113,7 @@ class RolloutGateway:
             raise BadRequest(str(exc)) from None
         if body.get("tool_choice") == "none":
             tools = None
-        with record_lock(record):
+        with record_lock(record), unchanged_on_failure(record):
             try:
                 prompt = record.chat_prompt(self.tok, messages, tools)
             except (EpisodeMismatch, KeyError, ValueError) as exc:
@@ -141,7 +146,7 @@ class RolloutGateway:
             prompt = prompt[0]
         if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
             raise BadRequest("prompt must be one string or one list of token ids")
-        with record_lock(record):
+        with record_lock(record), unchanged_on_failure(record):
             try:
                 ids = record.completion_prompt(self.tok, prompt)
             except EpisodeMismatch as exc:
@@ -178,7 +183,12 @@ class RolloutGateway:
                                       seed=body.get("seed"))
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"sampling: {exc}") from None
-        completions = self.generate(prompt, sampling)
+        try:
+            completions = self.generate(prompt, sampling)
+        except Exception as exc:  # noqa: BLE001 (any failure of the generators is the call's, never the run's)
+            self.counters["generator_failures"] += 1
+            raise GeneratorUnavailable(f"no generator could serve this call ({exc!r}); the episode is as it was "
+                                       "before the call: send it again, or end the episode") from exc
         return [self._cut(c, stop) for c in completions] if stop else completions
 
     def _cut(self, completion: Completion, stop: list[str]) -> Completion:
@@ -202,6 +212,18 @@ def record_lock(record: EpisodeRecord) -> Iterator[None]:
         yield
     finally:
         record.busy.release()
+
+
+@contextmanager
+def unchanged_on_failure(record: EpisodeRecord) -> Iterator[None]:
+    """A call that fails (refused, or no generator) leaves its episode as it was: the agent may
+    send it again, or another call."""
+    saved = record.save()
+    try:
+        yield
+    except BaseException:
+        record.restore(saved)
+        raise
 
 
 def _or(value, default):
