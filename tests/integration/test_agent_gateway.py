@@ -9,10 +9,19 @@ answer with the tool's result, so the GRPO episodes really call the tool. Every 
 recorded on its way back from the generator (GeneratorClient.generate, in this process) and every sample the trainer gets is
 recorded too: each trained (loss-mask 1) run of tokens must be exactly a completion the
 generator sampled for exactly the tokens before it, across turns.
+
+The same launch then runs the two other example agents' recipes (their agent swapped in for the
+task's): examples/configs/agent_math_python.yaml (examples/agents/math_python_agent.py: tool code
+run in reward_svc/sandbox) for two GRPO steps, and examples/configs/agent_judge.yaml
+(examples/agents/judged_agent.py: the policy judged by itself through the gateway) for one. The
+tiny model is warmed to their protocols too (the tool-call and score formats); it does not learn
+to copy the question's operands into its code, so their rewards stay near 0 here.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -32,38 +41,56 @@ pytestmark = pytest.mark.integration
 WARM_STEPS = 80
 CALL = '<tool_call>{"name": "calc"}</tool_call>'  # arguments left out: {} (and the template writes them)
 AGENTS = Path(__file__).resolve().parents[2] / "examples" / "agents"
+RECIPES = Path(__file__).resolve().parents[2] / "examples" / "configs"
+STEPS = itertools.count(1)  # the launch's GRPO steps, across this module's tests
 
 
-def _warm_rows(examples: list[dict], tools: list[dict]) -> list[tuple[list[int], list[int]]]:
-    """The agent's protocol as (prompt, target) ids: turn 1 calls the tool, turn 2 repeats its
-    result (what a few SFT steps would teach, fitted in-process before the services start)."""
+def _warm_rows(examples: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """The example agents' protocols as (prompt, target) ids (what a few SFT steps would teach,
+    fitted in-process before the services start). calc_agent: turn 1 calls the tool, turn 2
+    repeats its result; math_python_agent: turn 1 calls python with the question as code, turn 2
+    repeats its output; judged_agent's judge: `Score: 1` for a right answer, `Score: 0` else."""
+    from calc_agent import TOOLS as CALC_TOOLS
+    from judged_agent import JUDGE
+    from math_python_agent import TOOLS as PYTHON_TOOLS
     tok = build_chat_tokenizer()
 
-    def ids(messages):
+    def ids(messages, tools=None):
         text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return tok(text, add_special_tokens=False)["input_ids"]
 
     def target(text):
         return [*tok(text, add_special_tokens=False)["input_ids"], tok.eos_token_id]
 
+    def called(name, arguments):
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "c", "function": {"name": name, "arguments": arguments}}]}
+
     rows = []
-    for e in examples:
-        user = [{"role": "user", "content": e["prompt"].rstrip("=")}]
-        call = {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "id": "c", "function": {"name": "calc", "arguments": {}}}]}
-        rows.append((ids(user), target(CALL)))
-        rows.append((ids([*user, call, {"role": "tool", "content": e["answer"]}]), target(e["answer"])))
+    for i, e in enumerate(examples):
+        question = e["prompt"].rstrip("=")
+        user = [{"role": "user", "content": question}]
+        rows.append((ids(user, CALC_TOOLS), target(CALL)))
+        rows.append((ids([*user, called("calc", {}), {"role": "tool", "content": e["answer"]}], CALC_TOOLS),
+                     target(e["answer"])))
+        code = json.dumps({"arguments": {"code": question}, "name": "python"})  # as the template writes it
+        rows.append((ids(user, PYTHON_TOOLS), target(f"<tool_call>{code}</tool_call>")))
+        rows.append((ids([*user, called("python", {"code": question}), {"role": "tool", "content": e["answer"]}],
+                         PYTHON_TOOLS), target(e["answer"])))
+        right = i % 2 == 0
+        answer = e["answer"] if right else str(int(e["answer"]) + 1 + i % 7)
+        rows.append((ids([{"role": "user", "content": JUDGE.prompt(question, answer, e["answer"])}]),
+                     target(f"Score: {int(right)}")))
     return rows
 
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, start_loop):
-    sys.path.insert(0, str(AGENTS))  # the example agent, as PYTHONPATH=examples/agents puts it
-    from calc_agent import TOOLS
+    sys.path.insert(0, str(AGENTS))  # the example agents, as PYTHONPATH=examples/agents puts it
     root = tmp_path_factory.mktemp("agent")
     train, _ = make_arithmetic_splits(seed=0, num_train=200, num_val=0)
     train_path = write_jsonl(root / "train.jsonl", [{**r, "task": "agent"} for r in train])
-    model_dir = str(ensure_tiny_chat_model(root / "cache", name="calc-agent", warm_rows=_warm_rows(train, TOOLS),
+    model_dir = str(ensure_tiny_chat_model(root / "cache", name="calc-agent", warm_rows=_warm_rows(train),
                                            warm_steps=WARM_STEPS))
     cfg = load_config(raw={"env": {"agent": {"agent": {"function": "calc_agent.episode", "timeout_s": 60}}}},
                       overrides=["cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
@@ -82,26 +109,10 @@ def loop(tmp_path_factory, start_loop):
 
 def test_an_openai_agent_trains_on_exactly_the_sampled_tokens(loop, monkeypatch):
     ctx = loop
-    sampled: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-    original = GeneratorClient.generate
-
-    def recording(self, prompts, sampling, *args, **kwargs):
-        for completion in original(self, prompts, sampling, *args, **kwargs):
-            sampled.setdefault(tuple(prompts[completion.prompt_index]), []).append(completion.token_ids)
-            yield completion
-
-    trained = []
-    train_step = ctx.services.trainer.train_step
-
-    def recording_train(samples, *args, **kwargs):
-        trained.extend(samples)
-        return train_step(samples, *args, **kwargs)
-
-    monkeypatch.setattr(GeneratorClient, "generate", recording)
-    monkeypatch.setattr(ctx.services.trainer, "train_step", recording_train)
+    sampled, trained = _recording(ctx, monkeypatch)
     tool_calls = 0
-    for step in (1, 2):
-        metrics = grpo_step(ctx, step)
+    for _ in range(2):
+        metrics = grpo_step(ctx, next(STEPS))
         assert metrics["num_samples"] == 16 and metrics["agent/agent_episodes"] == 16
         assert metrics["agent/agent_errors"] == metrics["agent/agent_timeouts"] == 0, metrics
         assert metrics["agent/model_turns"] == 32  # two model turns per episode
@@ -112,18 +123,99 @@ def test_an_openai_agent_trains_on_exactly_the_sampled_tokens(loop, monkeypatch)
 
     assert len(trained) == 32
     for sample in trained:
-        ids, start = list(sample.token_ids), sample.prompt_length
-        mask = list(sample.loss_mask)
-        runs, at = [], 0
-        while at < len(mask):
-            if mask[at] == 1.0:
-                end = at
-                while end < len(mask) and mask[end] == 1.0:
-                    end += 1
-                runs.append((start + at, start + end))
-                at = end
-            else:
-                at += 1
-        assert len(runs) == 2, mask  # the episode's two model turns, separated by the tool/user message
-        for begin, end in runs:  # each trained run is a sampled completion of exactly the tokens before it
-            assert tuple(ids[begin:end]) in sampled.get(tuple(ids[:begin]), []), (begin, end)
+        runs = _trained_runs(sample)
+        assert len(runs) == 2, sample.loss_mask  # the episode's two model turns, separated by the tool/user message
+        _assert_sampled(runs, list(sample.token_ids), sampled)
+
+
+def _trained_runs(sample) -> list[tuple[int, int]]:
+    """The sample's runs of loss-mask-1 tokens, as [begin, end) positions in its token_ids."""
+    mask, start = list(sample.loss_mask), sample.prompt_length
+    runs, at = [], 0
+    while at < len(mask):
+        if mask[at] == 1.0:
+            end = at
+            while end < len(mask) and mask[end] == 1.0:
+                end += 1
+            runs.append((start + at, start + end))
+            at = end
+        else:
+            at += 1
+    return runs
+
+
+def _assert_sampled(runs, ids, sampled) -> None:
+    for begin, end in runs:  # each trained run is a sampled completion of exactly the tokens before it
+        assert tuple(ids[begin:end]) in sampled.get(tuple(ids[:begin]), []), (begin, end)
+
+
+def _recording(ctx, monkeypatch):
+    """(what the generators sampled per prompt, the samples the trainer got), from now on."""
+    sampled: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    original, train_step, trained = GeneratorClient.generate, ctx.services.trainer.train_step, []
+
+    def generate(self, prompts, sampling, *args, **kwargs):
+        for completion in original(self, prompts, sampling, *args, **kwargs):
+            sampled.setdefault(tuple(prompts[completion.prompt_index]), []).append(completion.token_ids)
+            yield completion
+
+    def train(samples, *args, **kwargs):
+        trained.extend(samples)
+        return train_step(samples, *args, **kwargs)
+
+    monkeypatch.setattr(GeneratorClient, "generate", generate)
+    monkeypatch.setattr(ctx.services.trainer, "train_step", train)
+    return sampled, trained
+
+
+def _use_recipe_agent(ctx, monkeypatch, recipe: str) -> None:
+    """The recipe's agent (loaded as `tandem run` loads the recipe) for the launch's agent task."""
+    cfg = load_config(RECIPES / recipe)
+    (env,) = [env for env in cfg.env.values() if env.served_by_agent]
+    monkeypatch.setattr(ctx.cfg.env["agent"], "agent", env.agent)
+
+
+def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypatch, capsys):
+    import math_python_agent
+    ctx = loop
+    _use_recipe_agent(ctx, monkeypatch, "agent_math_python.yaml")
+    runs = []
+    run_python = math_python_agent.run_python
+
+    async def recording(code):
+        runs.append((code, await run_python(code)))
+        return runs[-1][1]
+
+    monkeypatch.setattr(math_python_agent, "run_python", recording)
+    sampled, trained = _recording(ctx, monkeypatch)
+    rewards = []
+    for _ in range(2):
+        metrics = grpo_step(ctx, next(STEPS))
+        assert metrics["num_samples"] == 16 and metrics["agent/agent_errors"] == 0, metrics
+        assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
+        rewards.append(metrics["reward_mean"])
+    assert len(runs) >= 3, "the warm-started model should call the python tool in some of its 32 episodes"
+    evaluated = [(code, out) for code, out in runs if code.replace("+", "").isdigit() and code.count("+") == 1]
+    assert evaluated and all(out == str(eval(code)) for code, out in evaluated), runs  # the sandbox ran the code
+    for sample in trained:
+        _assert_sampled(_trained_runs(sample), list(sample.token_ids), sampled)
+    with capsys.disabled():
+        print(f"\nmath_python_agent: reward_mean per step {rewards}, {len(runs)} tool runs, e.g. {runs[:3]}")
+
+
+def test_the_judge_recipe_scores_through_the_gateway_without_training_on_the_judge(loop, monkeypatch, capsys):
+    ctx = loop
+    _use_recipe_agent(ctx, monkeypatch, "agent_judge.yaml")
+    sampled, trained = _recording(ctx, monkeypatch)
+    metrics = grpo_step(ctx, next(STEPS))
+    assert metrics["agent/side_calls"] == 16 and metrics["agent/model_turns"] == 16, metrics  # the judge: not turns
+    parsed = 16 - metrics["agent/ended_judge_unparsable"]
+    assert metrics["agent/agent_errors"] == metrics["agent/ended_judge_unparsable"], metrics
+    assert parsed >= 4, "the warm-started judge should write a score line in some of its replies"
+    assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
+    for sample in trained:  # one trained run per episode: the policy's answer, never the judge's reply
+        runs = _trained_runs(sample)
+        assert len(runs) == 1
+        _assert_sampled(runs, list(sample.token_ids), sampled)
+    with capsys.disabled():
+        print(f"\njudged_agent: reward_mean {metrics['reward_mean']}, {parsed:.0f}/16 judge replies parsed")

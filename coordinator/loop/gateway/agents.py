@@ -28,6 +28,7 @@ from enum import StrEnum
 
 from coordinator.data.examples import Example
 from coordinator.loop.gateway.episodes import EpisodeRecord
+from coordinator.loop.gateway.judge import UnparsableJudgement
 from coordinator.loop.gateway.service import RolloutGateway
 from coordinator.loop.multiturn import OBSERVATION_LOGPROB, Episode
 
@@ -47,6 +48,8 @@ class EndReason(StrEnum):
     did not handle the error."""
     NO_GENERATOR = "no_generator"
     """A model call of it failed because no generator could serve it (HTTP 503)."""
+    JUDGE_UNPARSABLE = "judge_unparsable"
+    """Its judge's reply held no score in range (judge.py UnparsableJudgement), not handled."""
 
 
 class BadReturn(TypeError):
@@ -126,6 +129,8 @@ def end_reason(exc: BaseException) -> EndReason:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
+        if isinstance(exc, UnparsableJudgement):
+            return EndReason.JUDGE_UNPARSABLE
         if isinstance(exc, openai.APIStatusError):
             if exc.status_code == 503:
                 return EndReason.NO_GENERATOR
@@ -138,8 +143,8 @@ def end_reason(exc: BaseException) -> EndReason:
 def outcome_metrics(groups: list[list[AgentOutcome]]) -> Counter[str]:
     """Counts of the round: episodes that ended without a reward, per reason (ended_<reason>) and
     in total (agent_timeouts; agent_errors: every other reason), episodes that ran no model call,
-    the calls' malformed tool calls and turns whose template re-rendering differs from the
-    recorded tokens."""
+    the calls' malformed tool calls, turns whose template re-rendering differs from the recorded
+    tokens, and side calls (a judge's: judge.py)."""
     counts: Counter[str] = Counter()
     for o in (o for group in groups for o in group):
         counts["agent_episodes"] += 1
@@ -152,6 +157,7 @@ def outcome_metrics(groups: list[list[AgentOutcome]]) -> Counter[str]:
         counts["retokenize_mismatches"] += o.record.retokenize_mismatches
         counts["model_turns"] += len(o.record.turns)
         counts["tool_calls"] += o.record.tool_calls
+        counts["side_calls"] += o.record.side_calls
     return counts
 
 

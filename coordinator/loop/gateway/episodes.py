@@ -93,6 +93,8 @@ class EpisodeRecord:
     choices: list[Choice] = field(default_factory=list)
     """The last call's choices; the one the next call continues is committed then (or choice 0 at the end)."""
     retokenize_mismatches: int = 0
+    side_calls: int = 0
+    """Calls served without being recorded (a judge: judge.py)."""
     malformed_tool_calls: int = 0
     tool_calls: int = 0
     """Tool calls parsed from the replies the episode continued (or its last)."""
@@ -134,18 +136,8 @@ class EpisodeRecord:
 
     def chat_choices(self, tok: ChatTokenizer, completions: list[Completion]) -> list[Choice]:
         """The call's choices (tool calls parsed), kept until the next call picks one."""
-        self.choices = []
-        for completion in completions:
-            text = tok.decode(list(completion.token_ids), skip_special_tokens=True)
-            parsed = parse_tool_calls(text)
-            self.malformed_tool_calls += parsed.malformed
-            message = {"role": "assistant", "content": parsed.content}
-            if parsed.tool_calls:
-                message["tool_calls"] = [{"id": f"call_{len(self.turns)}_{completion.sample_index}_{i}",
-                                          "type": "function",
-                                          "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
-                                         for i, c in enumerate(parsed.tool_calls)]
-            self.choices.append(Choice(completion, text, message, parsed.malformed))
+        self.choices = [chat_choice(tok, c, f"call_{len(self.turns)}") for c in completions]
+        self.malformed_tool_calls += sum(c.malformed for c in self.choices)
         return self.choices
 
     # ------------------------------------------------------------ completions
@@ -239,6 +231,18 @@ class EpisodeRecord:
         return Episode(self.task, after, self.logprobs[:end], self.loss_mask[:end], reward, correct,
                        self.turns[-1].finish_reason if self.turns else "abort", self.weight_version, len(self.turns),
                        [], True)
+
+
+def chat_choice(tok: ChatTokenizer, completion: Completion, id_prefix: str) -> Choice:
+    """A completion as the assistant message the gateway returns (tool calls parsed)."""
+    text = tok.decode(list(completion.token_ids), skip_special_tokens=True)
+    parsed = parse_tool_calls(text)
+    message = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["tool_calls"] = [{"id": f"{id_prefix}_{completion.sample_index}_{i}", "type": "function",
+                                  "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                                 for i, c in enumerate(parsed.tool_calls)]
+    return Choice(completion, text, message, parsed.malformed)
 
 
 # ------------------------------------------------------------------ rendering

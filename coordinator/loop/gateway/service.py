@@ -8,7 +8,8 @@ without a known, open episode's token is refused (Unauthorized, HTTP 401). `stop
 applied here: the completion is cut after the first token whose text completes one (the
 tokens kept are a prefix of what was sampled, so they are still exactly what the model wrote);
 the returned text keeps the stop string (vLLM's include_stop_str_in_output), so the text an agent
-sends back is the text of the recorded tokens.
+sends back is the text of the recorded tokens. A side call (`recorded`: a judge's) is sampled the
+same way but never becomes part of its episode.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from coordinator.loop.gateway.episodes import ChatTokenizer, EpisodeMismatch, EpisodeRecord
+from coordinator.loop.gateway.episodes import (
+    ChatTokenizer,
+    EpisodeMismatch,
+    EpisodeRecord,
+    chat_choice,
+    encode,
+    normalize,
+    render,
+)
 from coordinator.loop.gateway.toolcalls import ToolSchemaError, check_tools
 from tandem.generation.types import Completion, SamplingConfig
 
@@ -114,12 +123,22 @@ class RolloutGateway:
         if body.get("tool_choice") == "none":
             tools = None
         with record_lock(record), unchanged_on_failure(record):
-            try:
-                prompt = record.chat_prompt(self.tok, messages, tools)
-            except (EpisodeMismatch, KeyError, ValueError) as exc:
-                raise BadRequest(str(exc)) from None
-            completions = self._sample(prompt, body, record)
-            choices = record.chat_choices(self.tok, completions)
+            if recorded(body):
+                try:
+                    prompt = record.chat_prompt(self.tok, messages, tools)
+                except (EpisodeMismatch, KeyError, ValueError) as exc:
+                    raise BadRequest(str(exc)) from None
+                completions = self._sample(prompt, body, record)
+                choices = record.chat_choices(self.tok, completions)
+            else:
+                try:
+                    prompt = encode(self.tok, render(self.tok, [normalize(m) for m in messages], tools,
+                                                     generation=True))
+                except (KeyError, ValueError) as exc:
+                    raise BadRequest(str(exc)) from None
+                completions = self._sample(prompt, body, record)
+                choices = [chat_choice(self.tok, c, f"side_{record.side_calls}") for c in completions]
+                record.side_calls += 1
         self.counters["calls"] += 1
         self.counters["malformed_tool_calls"] += sum(c.malformed for c in choices)
         out = []
@@ -141,6 +160,8 @@ class RolloutGateway:
 
     def completions(self, authorization: str | None, body: dict) -> dict:
         record = self._episode(authorization)
+        if not recorded(body):
+            raise BadRequest("side calls (tandem.record false) are chat calls: use /v1/chat/completions")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
@@ -185,7 +206,7 @@ class RolloutGateway:
             raise BadRequest(f"sampling: {exc}") from None
         try:
             completions = self.generate(prompt, sampling)
-        except Exception as exc:  # noqa: BLE001 (any failure of the generators is the call's, never the run's)
+        except Exception as exc:  # any failure of the generators is the call's, never the run's
             self.counters["generator_failures"] += 1
             raise GeneratorUnavailable(f"no generator could serve this call ({exc!r}); the episode is as it was "
                                        "before the call: send it again, or end the episode") from exc
@@ -200,6 +221,18 @@ class RolloutGateway:
                 return replace(completion, token_ids=ids[:end], logprobs=completion.logprobs[:end],
                                finish_reason="stop")
         return completion
+
+
+def recorded(body: dict) -> bool:
+    """Whether a call is part of its episode: every call is, but a side call, one sent with
+    `"tandem": {"record": false}` in its body (openai: extra_body), which a generator samples and
+    the episode never sees (a judge's call: judge.py; its prompt is its messages alone)."""
+    options = body.get("tandem")
+    if options is None:
+        return True
+    if not isinstance(options, dict) or set(options) - {"record"} or not isinstance(options.get("record", True), bool):
+        raise BadRequest('the body\'s "tandem" field takes {"record": true|false} only')
+    return options.get("record", True)
 
 
 @contextmanager

@@ -397,3 +397,42 @@ def test_a_generator_dying_mid_call_has_the_turn_resent_through_rollout_failover
 async def good_agent_for_1(example, client):
     reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "0+1"}])
     return float(reply.choices[0].message.content == "1")
+
+
+# ---------------------------------------------------------------------- LLM-as-judge (issue item 6)
+
+JUDGE_TEMPLATE = "Q:{question} A:{answer} R:{reference}"
+
+
+async def judged(example, client):
+    from coordinator.loop.gateway.judge import Judge
+
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": example["prompt"]}])
+    answer = reply.choices[0].message.content
+    return await Judge(JUDGE_TEMPLATE, max_score=10).score(client, example["prompt"], answer, example["answer"])
+
+
+def test_a_judge_is_a_side_call_the_episode_never_records(served, tok):
+    gateway, server, generator = served([chars(tok, "1"), chars(tok, "Score: 8"), chars(tok, "2"), chars(tok, "fine")])
+    outcomes = run_agents(gateway, server.url, judged, _examples(1), 1, timeout_s=5, max_concurrency=1)
+    outcomes += run_agents(gateway, server.url, judged, _examples(1), 1, timeout_s=5, max_concurrency=1)
+    (good,), (bad,) = outcomes
+    assert (good.reason, good.reward) == (None, 0.8)
+    assert generator.temperatures[1] == 0.0  # the judge samples greedily
+    assert generator.prompts[1] == tok(tok.apply_chat_template(  # the judge's prompt is its own message alone
+        [{"role": "user", "content": "Q:0+1 A:1 R:1"}], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False)["input_ids"]
+    assert [t.completion_ids for t in good.record.turns] == [generator.sampled[0]]  # only the policy's answer
+    assert good.record.tokens == generator.prompts[0] + generator.sampled[0]
+    from coordinator.loop.gateway.agents import EndReason
+    assert bad.reason is EndReason.JUDGE_UNPARSABLE and "has no score" in bad.info["error"]
+    counts = outcome_metrics(outcomes)
+    assert (counts["side_calls"], counts["ended_judge_unparsable"], counts["model_turns"]) == (2, 1, 2)
+
+
+def test_a_malformed_tandem_field_is_a_clear_400(served, tok):
+    gateway, server, _ = served([])
+    api = client(server, gateway.open_episode("t").token)
+    with pytest.raises(openai.BadRequestError, match='takes {"record": true|false} only'):
+        api.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}],
+                                    extra_body={"tandem": {"record": "no"}})
