@@ -225,7 +225,10 @@ def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypa
     rewards = []
     for _ in range(2):
         metrics = grpo_step(ctx, next(STEPS))
-        assert metrics["num_samples"] == 16 and metrics["agent/agent_errors"] == 0, metrics
+        # three turns of long code and tracebacks may not fit the tiny model's 256 positions: such an
+        # episode's last call is refused (400, out of room) and counted; no other failure is expected
+        assert metrics["num_samples"] == 16, metrics
+        assert metrics["agent/agent_errors"] == metrics["agent/ended_refused_call"] <= 2, metrics
         assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
         rewards.append(metrics["reward_mean"])
     assert len(runs) >= 3, "the warm-started model should call the python tool in some of its 32 episodes"
