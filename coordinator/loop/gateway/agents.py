@@ -20,6 +20,7 @@ episode's own prompt comes after it, masked out, before its first model turn.
 from __future__ import annotations
 
 import asyncio
+import math
 import numbers
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ class EndReason(StrEnum):
     ERROR = "error"
     """The agent (its own code, a tool) raised."""
     BAD_RETURN = "bad_return"
-    """It returned something other than a number or (number, dict)."""
+    """It returned something other than a finite number or (finite number, dict)."""
     REFUSED_CALL = "refused_call"
     """A model call of it was refused by the gateway (HTTP 4xx: a request the gateway cannot serve
     as sent, e.g. messages that do not continue the episode, or an episode out of room) and it
@@ -116,6 +117,8 @@ def _reward(result) -> tuple[float, dict]:
         reward, info = result, {}
     if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
         raise BadReturn(f"an agent returns a number (or (number, dict)); got {type(reward).__name__}")
+    if not math.isfinite(reward):
+        raise BadReturn(f"an agent returns a finite reward; got {reward}")
     return float(reward), dict(info)
 
 

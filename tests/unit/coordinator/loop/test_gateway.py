@@ -292,6 +292,10 @@ async def returns_text(example, client):
     return "1.0"
 
 
+async def returns_nan(example, client):
+    return float("nan")
+
+
 async def rewrites_history(example, client):
     messages = [{"role": "user", "content": "1"}]
     reply = await client.chat.completions.create(model="m", messages=messages)
@@ -313,17 +317,19 @@ def test_each_way_an_agent_fails_is_its_own_counted_reason_and_never_raises(serv
 
     gateway, server, _ = served([chars(tok, "1")] * 3)
     outcomes = [run_agents(gateway, server.url, fn, _examples(1), 1, timeout_s=5, max_concurrency=1)[0][0]
-                for fn in (returns_text, rewrites_history)]
+                for fn in (returns_text, rewrites_history, returns_nan)]
     gateway.generate = lambda prompt, sampling: (_ for _ in ()).throw(RuntimeError("no live generator"))
     outcomes.append(run_agents(gateway, server.url, wraps_a_failed_call, _examples(1), 1, timeout_s=5,
                                max_concurrency=1)[0][0])
-    assert [o.reason for o in outcomes] == [EndReason.BAD_RETURN, EndReason.REFUSED_CALL, EndReason.NO_GENERATOR]
+    assert [o.reason for o in outcomes] == [EndReason.BAD_RETURN, EndReason.REFUSED_CALL, EndReason.BAD_RETURN,
+                                            EndReason.NO_GENERATOR]
     assert "returns a number" in outcomes[0].info["error"] and "not one the model returned" in outcomes[1].info["error"]
-    assert [o.reward for o in outcomes] == [0.0, 0.0, 0.0] and [len(o.record.turns) for o in outcomes] == [1, 1, 0]
+    assert "finite reward; got nan" in outcomes[2].info["error"]  # a NaN would poison its group's advantages
+    assert [o.reward for o in outcomes] == [0.0] * 4 and [len(o.record.turns) for o in outcomes] == [1, 1, 0, 0]
     counts = outcome_metrics([outcomes])
     assert (counts["ended_bad_return"], counts["ended_refused_call"], counts["ended_no_generator"],
-            counts["ended_timeout"], counts["ended_error"]) == (1, 1, 1, 0, 0)
-    assert (counts["agent_errors"], counts["agent_timeouts"]) == (3, 0)
+            counts["ended_timeout"], counts["ended_error"]) == (2, 1, 1, 0, 0)
+    assert (counts["agent_errors"], counts["agent_timeouts"]) == (4, 0)
     assert gateway.counters["generator_failures"] == 1
 
 
