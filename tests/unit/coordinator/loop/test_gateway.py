@@ -442,3 +442,5 @@ def test_a_malformed_tandem_field_is_a_clear_400(served, tok):
     with pytest.raises(openai.BadRequestError, match='takes {"record": true|false} only'):
         api.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}],
                                     extra_body={"tandem": {"record": "no"}})
+    with pytest.raises(openai.BadRequestError, match="side calls .* are chat calls"):
+        api.completions.create(model="m", prompt="1", extra_body={"tandem": {"record": False}})
