@@ -108,6 +108,7 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
     if needs_fsdp(env.world_size, compute_dtype, offload_policy):
         _fully_shard(model, layers, mesh[MeshAxis.DP], compute_dtype, offload_policy)
     where = materialization(env.device, isinstance(offload_policy, CPUOffloadPolicy))
+    tied = _tied_parameters(model)
     model.to_empty(device=where.params)
 
     def load_full() -> nn.Module:  # rank 0 only
@@ -118,6 +119,7 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
         return loaded
 
     _fill_from_rank0(model, load_full, buffers, env.rank)
+    _retie(tied)  # a plain (unsharded) model's to_empty and load give each name a Parameter of its own
     _move_buffers(model, where.buffers)
     for module in model.modules():
         if isinstance(module, FSDPModule):
@@ -163,6 +165,28 @@ def _fill_from_rank0(model: nn.Module, load_full, buffers: list, rank: int) -> N
             if rank == 0:
                 tensor.copy_(full_buffers[name])
             dist.broadcast(tensor, src=0)
+
+
+def _tied_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """The (module, attribute) places of each parameter held in more than one place (a tied
+    embedding and LM head), in module order."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            places.setdefault(id(param), []).append((module, name))
+    return [group for group in places.values() if len(group) > 1]
+
+
+def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
+    """Make every place of each group hold its first place's Parameter again. In a plain model (one
+    rank, no FSDP2: `needs_fsdp`) `to_empty` from the meta device and the full state dict's load
+    give each name a Parameter of its own, which unties an embedding from its LM head: they would
+    train apart and be saved twice. FSDP2 keeps one sharded parameter per tie: nothing changes."""
+    for (first_module, first_name), *rest in groups:
+        shared = getattr(first_module, first_name)
+        for module, name in rest:
+            if getattr(module, name) is not shared:
+                setattr(module, name, shared)
 
 
 def _move_buffers(model: nn.Module, device: torch.device) -> None:
