@@ -170,6 +170,9 @@ class LocalCluster:
                 needs["a generator"] = Need(ServiceKind.GENERATOR)
             if plan.teacher_services:
                 needs["a distillation teacher"] = Need(ServiceKind.TEACHER)
+            if plan.critic_ranks:
+                needs["the PPO critic"] = Need(ServiceKind.CRITIC)
+
             needs.update({f"the reward service of task {task!r}": Need(ServiceKind.REWARD, task)
                           for task in plan.reward_tasks})
         return needs

@@ -46,7 +46,16 @@ class Services:
             raise RuntimeError("no live trainer")
         return self._client(trainers[0], TrainerClient)
 
+    @property
+    def critic(self) -> TrainerClient:
+        """The PPO critic: a trainer service holding a value model (ServiceKind.CRITIC)."""
+        critics = self._registry.live(ServiceKind.CRITIC)
+        if not critics:
+            raise RuntimeError("no live PPO critic")
+        return self._client(critics[0], TrainerClient)
+
     def all_generators(self) -> list[GeneratorHandle]:
+
         """Every live generator, whatever weights it serves (the loop admits only current ones
         to rollouts: coordinator/loop/context.py)."""
         return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity, m.shares_trainer_weights)

@@ -218,7 +218,8 @@ class Run(RunBase):
         if self._checkpoints is None:
             self._checkpoints = store.CheckpointWriter(root, self.cfg.checkpointing.keep_top_k, self.log,
                                                        save_hf=self.cfg.checkpointing.save_hf)
-        self._checkpoints.save(step, state.to_json(), ctx.services.trainer)  # written in the background
+        critic = ctx.services.critic if self.cfg.ppo is not None else None  # PPO: the critic's state with the policy's
+        self._checkpoints.save(step, state.to_json(), ctx.services.trainer, critic)  # written in the background
         blocked = time.perf_counter() - started
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + blocked
         self.progress.note(f"checkpoint at GRPO step {step} ({blocked:.1f}s, written in the background)")
@@ -245,7 +246,13 @@ class Run(RunBase):
         the trainer or the coordinator)."""
         started = time.perf_counter()
         ctx.services.trainer.load_checkpoint(str((path / "trainer").resolve()))
+        if self.cfg.ppo is not None:
+            if not (path / "critic").is_dir():
+                raise ValueError(f"{path} holds no critic/ (it was not written by a ppo run): resume a ppo run from "
+                                 "its own checkpoints")
+            ctx.services.critic.load_checkpoint(str((path / "critic").resolve()))
         generators = ctx.services.all_generators()
+
         version = resuming.resume_version(state.weight_version, [ctx.publisher.version, *_served(generators)])
         ctx.publish(generators, version=version)
         self.metrics.history = list(state.metrics)
