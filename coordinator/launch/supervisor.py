@@ -186,18 +186,21 @@ class Supervisor:
         self._notify(text)
 
 
-def trainer_dead(services, launcher, error: BaseException | None = None, grace_s: float = 60.0) -> bool:
-    """Whether the trainer is gone: its launched process exited, or it does not answer GetInfo
-    (an error that left the trainer answering was not the trainer's death). A failed trainer
-    call (`error`) while rank 0 still answers may be the death of another rank: its collective
-    broke (e.g. gloo's "Connection reset by peer") and torchrun is tearing the rest down, so the
-    trainer counts as dead if its process exits within grace_s."""
-    if launcher.exited("trainer"):
+def trainer_dead(services, launcher, error: BaseException | None = None, grace_s: float = 60.0, *,
+                 kind: ServiceKind = ServiceKind.TRAINER) -> bool:
+    """Whether the trainer is gone (kind CRITIC: a PPO run's critic, the second trainer service):
+    its launched process exited, or it does not answer GetInfo (an error that left it answering
+    was not its death). A failed call (`error`) while rank 0 still answers may be the death of
+    another rank: its collective broke (e.g. gloo's "Connection reset by peer") and torchrun is
+    tearing the rest down, so it counts as dead if its process exits within grace_s."""
+    name = str(kind)  # the launched service's name: "trainer", "critic"
+    if launcher.exited(name):
         return True
     try:
-        services.trainer.info()
-    except (RpcFailure, RuntimeError):  # RuntimeError: no live trainer in the registry
+        services.trainer_of(kind).info()
+    except (RpcFailure, RuntimeError):  # RuntimeError: none live in the registry
         return True
     if isinstance(error, RpcFailure) and not error.status.rejects_request:
-        return launcher.wait_exit("trainer", grace_s) is not None
+        return launcher.wait_exit(name, grace_s) is not None
     return False
+

@@ -52,3 +52,10 @@ def test_a_ppo_run_launches_and_waits_for_its_critic():
 
 def test_other_runs_have_no_critic():
     assert _load().service_plan.critic_ranks == 0
+
+
+def test_slurm_refuses_a_ppo_run_it_cannot_place():
+    from coordinator.launch import slurm
+
+    with pytest.raises(slurm.SlurmPlanError, match="does not place the critic service yet"):
+        slurm.plan(_load("ppo.critic.cliprange_value=0.2"))

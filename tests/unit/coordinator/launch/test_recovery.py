@@ -13,6 +13,7 @@ from coordinator.config import load_config
 from coordinator.launch.adopted import AdoptedProcess, descendants, start_ticks
 from coordinator.launch.launcher import LocalLauncher, ServiceSpec
 from coordinator.launch.supervisor import trainer_dead
+from tandem.kinds import ServiceKind
 from tandem.rpc import RpcFailure, Status
 
 LOG = structlog.get_logger()
@@ -41,10 +42,10 @@ class _Services:
     def __init__(self, error=None):
         self._error = error
 
-    @property
-    def trainer(self):
+    def trainer_of(self, kind):
         if isinstance(self._error, RuntimeError):
             raise self._error
+        self.asked = kind
         return self
 
     def info(self):
@@ -54,6 +55,16 @@ class _Services:
 
 def _Unavailable() -> RpcFailure:
     return RpcFailure(Status.UNAVAILABLE, "gone")
+
+
+def test_a_dead_critic_is_told_apart_from_the_trainer():
+    class Launcher(_Launcher):
+        def exited(self, name):
+            return name == "critic"
+
+    assert trainer_dead(_Services(), Launcher(exited=None), kind=ServiceKind.CRITIC)
+    assert not trainer_dead(services := _Services(), Launcher(exited=None))
+    assert services.asked is ServiceKind.TRAINER
 
 
 def test_trainer_dead():
