@@ -25,8 +25,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,7 @@ from coordinator.api import GRPOTrainer
 from reward_svc.client import RewardClient
 from reward_svc.types import ScoreItem
 from tests import procs
+from tests.integration import run_files
 
 pytestmark = pytest.mark.integration
 
@@ -208,12 +212,16 @@ def test_distillation_recipe_lowers_the_reverse_kl_to_the_teacher(tmp_path, monk
 PPO_SIZES = {"grpo.max_num_steps": 6, "grpo.num_prompts_per_step": 8, "grpo.num_generations_per_prompt": 4,
              "policy.train_global_batch_size": 32, "policy.train_micro_batch_size": 32, "policy.optimizer.kwargs.lr": 1e-3,
              "sft.max_num_steps": 0, "grpo.val_at_start": False, "grpo.val_period": 0, "grpo.max_val_samples": 16,
-             "checkpointing.save_period": 3, "ppo.critic.train_global_batch_size": 8}
+             "checkpointing.save_period": 3, "ppo.critic.train_global_batch_size": 8, "ppo.critic.num_ranks": 2,
+             "cluster.trainer_ranks": 1, "cluster.restart_backoff_s": 0.5}
 PPO_COMPARED = ["loss", "reward_mean", "grad_norm", "value_mean", "return_mean", "explained_variance",
                 "advantage_abs_mean", "critic_value_loss", "critic_grad_norm", "critic_value_mean"]
 
 
 def test_ppo_recipe_trains_the_policy_and_its_critic_and_resumes_both_exactly(tmp_path, monkeypatch, home):
+    """An uninterrupted run of 6 steps, then the same run resumed from its step-3 checkpoint, whose
+    critic loses its rank 1 (kill -9) after step 4: the critic is relaunched and both services go
+    back to the step-3 checkpoint again. Steps 4-6 equal the uninterrupted run's."""
     from coordinator.run.create import create_run
     from reward_svc.hosted import FunctionRewardService
 
@@ -246,15 +254,35 @@ def test_ppo_recipe_trains_the_policy_and_its_critic_and_resumes_both_exactly(tm
         "logger.tensorboard_enabled": False, "logger.plot_enabled": False})
     run = create_run(trainer.config, trainer.console, resume=True)
     run.hosted = [FunctionRewardService(task, fn, run.log) for task, fn in digit.items()]
-    run.execute()
-    events = [json.loads(line) for line in (resumed_dir / "logs" / "coordinator.log").read_text().splitlines()]
-    assert [e["step"] for e in events if e["event"] == "resumed"] == [3]  # resumed, not started again
+    killer = threading.Thread(target=_kill_critic_rank_after_step_4, args=(resumed_dir,), daemon=True)
+    killer.start()
+    try:
+        run.execute()
+    finally:
+        run_files.kill_services(resumed_dir)
+    killer.join(timeout=10)
+    events = run_files.events(resumed_dir)
+    # resumed (not started again) from step 3, and once more from step 3 after the critic's rank died
+    assert [e["step"] for e in events if e["event"] == "resumed"] == [3, 3]
+    assert [e["services"] for e in events if e["event"] == "trainer_dead"] == [["critic"]]
+    assert [e["step"] for e in events if e["event"] == "trainer_restarted"] == [3]
     again = [json.loads(line) for line in (resumed_dir / "metrics.jsonl").read_text().splitlines()]
     again = [r for r in again if r["phase"] == "grpo"]
     assert [r["step"] for r in again] == [1, 2, 3, 4, 5, 6]
     for before, after in zip(rows[3:], again[3:]):
         for key in PPO_COMPARED:
             assert abs(before[key] - after[key]) <= 1e-5, (before["step"], key, before[key], after[key])
+
+
+def _kill_critic_rank_after_step_4(run_dir: Path, timeout_s: float = 600.0) -> None:
+    """SIGKILL the critic's torchrun rank 1 once the resumed run has logged its step 4."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        resumed = any(e["event"] == "resumed" for e in run_files.events(run_dir))
+        if resumed and 4 in run_files.grpo_steps(run_dir):
+            os.kill(run_files.torchrun_rank(run_files.services(run_dir)["critic"], 1), signal.SIGKILL)
+            return
+        time.sleep(0.05)
 
 
 def test_recipe_mistakes_are_one_clear_error_from_the_cli(tmp_path):
