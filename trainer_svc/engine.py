@@ -27,7 +27,6 @@ from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
 from trainer_svc.config import ModelHead, TrainerSettings
-
 from trainer_svc.cuda_ipc import CudaIpcExports
 from trainer_svc.decode import Decoder, DecodeRequest, DecodeSink
 from trainer_svc.distributed import close_distributed, init_distributed
@@ -48,14 +47,12 @@ from trainer_svc.types import (
     loss_kind,
 )
 
-
 _HEADS = {ModelHead.LM: "policy", ModelHead.SEQUENCE_SCORE: "reward model", ModelHead.TOKEN_VALUE: "critic"}
 """How errors name the model a trainer holds."""
 
 
 @dataclass(frozen=True)
 class _ComputeLogprobs:
-
     samples: tuple[Sample, ...]
     policy: Policy
     micro_batch_size: int

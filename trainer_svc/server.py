@@ -23,7 +23,6 @@ from tandem.kinds import ServiceKind
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
 from trainer_svc.config import ModelHead, TrainerSettings
-
 from trainer_svc.engine import TrainerEngine
 from trainer_svc.generation import TrainerGenerationEngine
 from trainer_svc.types import LOSSES, LossConfig, Sample, loss_kind_named

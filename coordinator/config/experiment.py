@@ -240,7 +240,6 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _distillation_consistent(self) -> ExperimentConfig:
-
         distillation = self.distillation
         if distillation is None:
             return self

@@ -158,7 +158,6 @@ class LocalCluster:
         self.registry.wait_for(lambda members: any(m.kind is kind for m in members),
                                self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
 
-
     def __exit__(self, *exc) -> None:
         self.close()
 

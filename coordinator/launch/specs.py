@@ -214,6 +214,5 @@ def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
         critic = not plan.critic_ranks or ServiceKind.CRITIC in kinds
         return (critic and ServiceKind.TRAINER in kinds and kinds.count(ServiceKind.GENERATOR) >= plan.generators
 
-
                 and kinds.count(ServiceKind.TEACHER) >= plan.teacher_services and set(plan.reward_tasks) <= tasks)
     return ready

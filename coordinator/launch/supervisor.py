@@ -204,3 +204,17 @@ def trainer_dead(services, launcher, error: BaseException | None = None, grace_s
         return launcher.wait_exit(name, grace_s) is not None
     return False
 
+
+def dead_trainers(services, launcher, kinds: list[ServiceKind], error: BaseException | None = None,
+                  grace_s: float = 60.0, poll_s: float = 0.25) -> list[ServiceKind]:
+    """Which of the trainer services `kinds` (the policy's trainer; a PPO run's critic) are gone, as
+    `trainer_dead` decides for one: those whose process exited or that do not answer; else, after a
+    failed call that may be another rank's death, those whose process exits within grace_s (waited
+    for together: the failed call may have been either's)."""
+    dead = [k for k in kinds if trainer_dead(services, launcher, kind=k)]
+    if dead or not (isinstance(error, RpcFailure) and not error.status.rejects_request):
+        return dead
+    deadline = time.monotonic() + grace_s
+    while not (dead := [k for k in kinds if launcher.exited(str(k))]) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return dead

@@ -55,9 +55,7 @@ class Services:
             raise RuntimeError("no live trainer" if kind is ServiceKind.TRAINER else f"no live {kind}")
         return self._client(live[0], TrainerClient)
 
-
     def all_generators(self) -> list[GeneratorHandle]:
-
         """Every live generator, whatever weights it serves (the loop admits only current ones
         to rollouts: coordinator/loop/context.py)."""
         return [GeneratorHandle(m.member_id, self._client(m, GeneratorClient), m.capacity, m.shares_trainer_weights)

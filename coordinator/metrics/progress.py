@@ -156,7 +156,6 @@ def describe_startup(cfg: ExperimentConfig, members: list[Member], trainer: bool
     if trainer and cfg.service_plan.critic_ranks:
         parts.append(f"critic {min(kinds.count(ServiceKind.CRITIC), 1)}/1")
     if generators:
-
         parts.append(f"generators {min(kinds.count(ServiceKind.GENERATOR), generators)}/{generators}")
     if tasks:
         served = {t for m in members if m.kind is ServiceKind.REWARD for t in m.tasks}

@@ -114,7 +114,6 @@ def estimate_memory(cfg: ExperimentConfig, shape: ModelShape) -> MemoryEstimate:
             "activations": critic_micro * length * shape.num_layers * shape.hidden_size
             * ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN, "base": plan.critic_ranks * TRAINER_RANK_BASE}))
     if plan.generator_services:
-
         vllm = generation.vllm_cfg
         kv = (vllm.kv_cache_space_gib * GIB if vllm.kv_cache_space_gib is not None
               else kv_cache_bytes(shape, serving_dtype(cfg), vllm.max_num_seqs, vllm.max_model_len))

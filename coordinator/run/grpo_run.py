@@ -29,7 +29,7 @@ from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read
 from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
 from coordinator.launch.local import HostedService, LocalCluster
-from coordinator.launch.supervisor import trainer_dead
+from coordinator.launch.supervisor import dead_trainers
 from coordinator.loop.context import LoopContext
 from coordinator.loop.evaluation import validate
 from coordinator.loop.scoring import check_tasks_configured
@@ -156,8 +156,7 @@ class Run(RunBase):
         process exited or that do not answer, else those whose process exits within a grace period
         after the failed call (another rank's death: supervisor.trainer_dead)."""
         kinds = [ServiceKind.TRAINER, *([ServiceKind.CRITIC] if self.cfg.ppo is not None else [])]
-        dead = [k for k in kinds if trainer_dead(ctx.services, cluster.launcher, kind=k)]
-        return dead or [k for k in kinds if trainer_dead(ctx.services, cluster.launcher, exc, kind=k)][:1]
+        return dead_trainers(ctx.services, cluster.launcher, kinds, exc)
 
     def _restart_trainer(self, ctx: LoopContext, train, cluster: LocalCluster, exc: Exception,
                          dead: list[ServiceKind]) -> int:

@@ -240,7 +240,6 @@ class TrainerSettings(_Strict):
                                  "sequence_packing.enabled=false (and reward_model_cfg.enabled=false)")
         return self
 
-
     @property
     def model_head(self) -> ModelHead:
         """The model's head (ModelHead), from reward_model_cfg / value_model_cfg."""

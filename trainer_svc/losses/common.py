@@ -58,7 +58,6 @@ class LossFn:
     holds the value of the state of tokens 0..j, from which token j+1 is sampled) instead of
     token logprobs."""
 
-
     def __call__(self, curr_logprobs: torch.Tensor, inputs: LossInputs, num_global_tokens: float,
                  num_global_sequences: float | None = None) -> LossOutput:
         """num_global_sequences: `count_loss_sequences` of the step; sequence-level losses need it."""

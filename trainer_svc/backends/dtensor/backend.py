@@ -282,7 +282,6 @@ class DTensorBackend:
             out.loss.backward()
             step_metrics = dict(out.metrics)
             if not scalar_head:
-
                 step_metrics["entropy"] = masked_entropy_sum(logits[:, :-1], logits_mask) / max(num_tokens, 1)
             for name, value in step_metrics.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()

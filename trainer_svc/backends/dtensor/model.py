@@ -123,7 +123,6 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
             with torch.no_grad():  # a fresh value head: every value starts at 0 (HF draws it at random)
                 for param in loaded.score.parameters():
                     param.zero_()
-
         if adapters:
             loaded = lora.wrap(loaded, lora_cfg)
             lora.init_adapters(loaded, lora_cfg, seed)

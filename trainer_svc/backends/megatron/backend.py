@@ -188,7 +188,6 @@ class MegatronBackend:
     def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
                          micro_batch_size: int) -> list[list[float]] | None:
         with cpu_compat.active():
-
             dp, dp_rank = self.layout.dp_size, self.layout.dp_rank
             shard = rank_shard(samples, dp_rank, dp)
             num_micro = _ceil_div(_ceil_div(len(samples), dp), micro_batch_size)
