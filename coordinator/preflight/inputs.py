@@ -6,6 +6,7 @@ reported on its own line: coordinator/cli/dry_run.py):
                and the data files the config names exist
     model      the model's files (model_files.py), the checkpoint against the config (model.py),
                a reward model's files, a distillation teacher's files and tokenizer (teacher.py),
+               a PPO critic's own checkpoint and tokenizer (critic.py),
                each service's expected peak memory against the memory available (memory.py)
     data       every row of the train and val files (data.py), each row's task against the env
                sections, the tokenizer against the model's vocabulary, every prompt's length
@@ -42,6 +43,7 @@ from coordinator.preflight.machine import available_memory_bytes, check_machine
 from coordinator.preflight.memory import MemoryEstimate, check_memory, estimate_memory
 from coordinator.preflight.model import check_model, check_vocab
 from coordinator.preflight.model_files import check_model_dir
+from coordinator.preflight.critic import check_critic
 from coordinator.preflight.teacher import check_teacher, check_teacher_length
 from tandem.model_memory import ModelShape
 
@@ -96,6 +98,8 @@ class Preflight:
         cfg = self.cfg
         self.model_dir = prepare_model(cfg) if self.build else _built_model(cfg)
         teacher = "; " + check_teacher(cfg, cfg.policy.model_name and self.model_dir) if cfg.distillation else ""
+        if cfg.ppo is not None:
+            teacher += "; " + check_critic(cfg, cfg.policy.model_name and self.model_dir)
         if self.model_dir is None:
             return "the embedded tiny model (built on the first run)" + teacher
         check_model_dir(self.model_dir, "policy.model_name" if cfg.policy.model_name else "the embedded model's cache")

@@ -59,3 +59,23 @@ def test_slurm_refuses_a_ppo_run_it_cannot_place():
 
     with pytest.raises(slurm.SlurmPlanError, match="does not place the critic service yet"):
         slurm.plan(_load("ppo.critic.cliprange_value=0.2"))
+
+
+def test_a_critic_checkpoint_of_another_vocabulary_is_refused_before_the_run(tmp_path):
+    import json
+
+    from coordinator.config import ConfigError
+    from coordinator.embedded.tiny_model import build_tiny_model
+    from coordinator.preflight.critic import check_critic
+
+    critic = build_tiny_model(tmp_path / "critic")
+    assert "the policy's tokenizer" in check_critic(_load(f"ppo.critic.model_name={critic}"), None)
+    assert "fresh value head" in check_critic(_load("ppo.critic.cliprange_value=0.2"), None)
+    vocab = tmp_path / "critic" / "tokenizer.json"
+    tokenizer = json.loads(vocab.read_text())
+    model = tokenizer["model"]["vocab"]
+    first = next(iter(model))
+    model[first + "x"] = model.pop(first)  # one token renamed: same size, another vocabulary
+    vocab.write_text(json.dumps(tokenizer))
+    with pytest.raises(ConfigError, match="ppo.critic.model_name: the critic's tokenizer"):
+        check_critic(_load(f"ppo.critic.model_name={critic}"), None)
