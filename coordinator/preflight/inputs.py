@@ -37,13 +37,13 @@ from coordinator.config import ConfigError, ExperimentConfig
 from coordinator.data.inputs import prepare_data, prepare_model
 from coordinator.data.sources import data_source
 from coordinator.loop.scoring import check_tasks_configured
+from coordinator.preflight.critic import check_critic
 from coordinator.preflight.data import load_examples, load_pairs, load_tokens
 from coordinator.preflight.lengths import check_lengths, measure_embedded_task, measure_examples
 from coordinator.preflight.machine import available_memory_bytes, check_machine
 from coordinator.preflight.memory import MemoryEstimate, check_memory, estimate_memory
 from coordinator.preflight.model import check_model, check_vocab
 from coordinator.preflight.model_files import check_model_dir
-from coordinator.preflight.critic import check_critic
 from coordinator.preflight.teacher import check_teacher, check_teacher_length
 from tandem.model_memory import ModelShape
 
