@@ -106,7 +106,7 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
     at its first step); None: a pipeline for this step alone."""
     cfg, timings = ctx.cfg, PhaseTimes()
     batch = (rollouts or rollout_pipeline(ctx)).take(step)  # generation and scoring
-    ctx.release_generators()  # no generation from here to the publish (colocated GPU generators sleep)
+    ctx.release_generators()  # no generation from here to the publish (generators sharing its memory sleep)
     with timings("advantages"):
         samples, advantage_metrics = prepare_samples(ctx, batch.rollouts)
     if cfg.distillation is not None:  # the teacher scores the samples (algorithms/distillation.py)

@@ -98,6 +98,15 @@ class ExperimentConfig(Section):
                                                 and self.placement.generators_share_trainer_device)
 
     @property
+    def generators_free_weights(self) -> bool:
+        """CPU generators free their weights from the rollouts to the next publish
+        (policy.generation.free_weights_while_training, resolved)."""
+        configured = self.policy.generation.free_weights_while_training
+        if configured is not None:
+            return configured
+        return not self.grpo.async_grpo.enabled and not self.cluster.gpus_per_node
+
+    @property
     def derived(self) -> dict[str, str]:
         """Dotted key -> why it has its value, for the keys filled in at load (config/defaults.py)."""
         return dict(self._derived)
@@ -201,6 +210,9 @@ class ExperimentConfig(Section):
         if not self.policy.generation.backend.separate_services:
             raise ValueError("grpo.async_grpo.enabled needs generator services (the trainer cannot generate while it "
                              "trains): set policy.generation.backend: vllm")
+        if self.policy.generation.free_weights_while_training:
+            raise ValueError("grpo.async_grpo.enabled generates while the trainer trains, so the generators must keep "
+                             "their weights: set policy.generation.free_weights_while_training: false (or leave it unset)")
         return self
 
     @model_validator(mode="after")

@@ -59,7 +59,8 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
                              gpu_memory_utilization=gpu_memory_utilization(cfg),
                              in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
                              recompute_kv_cache_after_weight_updates=(
-                                 cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates))
+                                 cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates),
+                             free_weights_while_training=cfg.generators_free_weights)
 
 
 def teacher_settings(cfg: ExperimentConfig, index: int, scratch: Path) -> GeneratorSettings:

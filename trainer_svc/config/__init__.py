@@ -57,7 +57,9 @@ class OptimizerSettings(_Strict):
 
 class DTensorSettings(_Strict):
     """The DTensor/FSDP2 backend (NeMo-RL's `policy.dtensor_cfg` keys): a (dp, tp) mesh over all
-    ranks; tensor parallel over "tp", every decoder layer and the root `fully_shard`ed over "dp"."""
+    ranks; tensor parallel over "tp", every decoder layer and the root `fully_shard`ed over "dp".
+    One rank training in float32 without CPU offload runs the plain model instead (same numbers,
+    none of FSDP2's per-layer copies: trainer_svc/backends/dtensor/model.py `needs_fsdp`)."""
 
     enabled: bool = True
     """Use this backend (megatron_cfg.enabled wins when both are set)."""

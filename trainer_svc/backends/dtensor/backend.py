@@ -24,6 +24,7 @@ from trainer_svc.backends.dtensor.parallel import (
     MeshAxis,
     ParallelDims,
     clip_grad_norm,
+    local_value,
     offload_policy,
     resolve_parallel_plan,
 )
@@ -52,10 +53,6 @@ from trainer_svc.losses import (
     previous_logprobs_needed,
 )
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
-
-
-def _local(param: torch.Tensor) -> torch.Tensor:
-    return param.to_local() if isinstance(param, DTensor) else param
 
 
 class DTensorBackend:
@@ -106,7 +103,7 @@ class DTensorBackend:
         self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                             weight_decay=opt.weight_decay, fused=True)
         self._max_grad_norm = settings.max_grad_norm or math.inf
-        self._reference = ReferenceWeights(self._params, _local, before_swap=self._unchanged_until_written)
+        self._reference = ReferenceWeights(self._params, local_value, before_swap=self._unchanged_until_written)
         self._write = checkpoint.PendingWrite.finished()  # a save's bytes on their way to disk (checkpoint.py)
         self._saved: tuple[Path, int] | None = None  # the last save's directory and step
         self._optimizer.register_step_pre_hook(self._unchanged_until_written)
