@@ -1,4 +1,5 @@
-"""Loop checkpoints: <dir>/step_NNNNNN/{trainer/, coordinator.json[, hf/]}, written into a
+"""Loop checkpoints: <dir>/step_NNNNNN/{trainer/, coordinator.json[, critic/, hf/]} (critic/: a PPO
+run's critic service, saved with the policy so the two resume together), written into a
 temporary directory and renamed, so a checkpoint exists only once both parts are complete;
 `latest` names the newest complete one; only the last K are kept.
 
@@ -40,9 +41,11 @@ class CheckpointWriter:
         self.write_seconds = 0.0
         """Seconds from each save's start to its completion, summed over the completed saves."""
 
-    def save(self, step: int, state: dict, trainer) -> Path:
+    def save(self, step: int, state: dict, trainer, critic=None) -> Path:
         """Start checkpoint `step` (waiting for the previous one first); returns the directory it
-        will have once complete. Raises CheckpointWriteFailed if the previous one failed."""
+        will have once complete. Raises CheckpointWriteFailed if the previous one failed. `critic`:
+        a PPO run's critic service, whose part goes into critic/ (the checkpoint is complete once
+        both are on disk)."""
         self.wait()
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -52,10 +55,15 @@ class CheckpointWriter:
         tmp.mkdir()
         trainer_dir = str((tmp / "trainer").resolve())
         trainer.save_checkpoint(trainer_dir, background=True)
+        parts = [(trainer, trainer_dir)]
+        if critic is not None:
+            critic_dir = str((tmp / "critic").resolve())
+            critic.save_checkpoint(critic_dir, background=True)
+            parts.append((critic, critic_dir))
         if self.save_hf:
             trainer.export_hf(str((tmp / "hf").resolve()))  # complete when the step directory is renamed into place
         replace_durably(tmp / "coordinator.json", json.dumps(state, indent=1))
-        self._thread = threading.Thread(target=self._complete, args=(step, trainer, trainer_dir, tmp, final, started),
+        self._thread = threading.Thread(target=self._complete, args=(step, parts, tmp, final, started),
                                         name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return final
@@ -77,12 +85,15 @@ class CheckpointWriter:
             return exc
         return None
 
-    def _complete(self, step: int, trainer, trainer_dir: str, tmp: Path, final: Path, started: float) -> None:
+    def _complete(self, step: int, parts: list, tmp: Path, final: Path, started: float) -> None:
         try:
             deadline = time.monotonic() + self.write_limit_s
-            while not trainer.checkpoint_written(trainer_dir, timeout_s=WRITE_POLL_S):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the trainer's checkpoint write took over {self.write_limit_s:.0f}s")
+            for service, directory in parts:  # the trainer's part, then the critic's (written meanwhile)
+                while not service.checkpoint_written(directory, timeout_s=WRITE_POLL_S):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the checkpoint write into {Path(directory).name}/ took over "
+                                           f"{self.write_limit_s:.0f}s")
+
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             fsync_dir(self.root)

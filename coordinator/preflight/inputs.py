@@ -6,6 +6,7 @@ reported on its own line: coordinator/cli/dry_run.py):
                and the data files the config names exist
     model      the model's files (model_files.py), the checkpoint against the config (model.py),
                a reward model's files, a distillation teacher's files and tokenizer (teacher.py),
+               a PPO critic's own checkpoint and tokenizer (critic.py),
                each service's expected peak memory against the memory available (memory.py),
                a chat template when a task is an agent's (the rollout gateway renders with it)
     data       every row of the train and val files (data.py), each row's task against the env
@@ -37,6 +38,7 @@ from coordinator.config import ConfigError, ExperimentConfig
 from coordinator.data.inputs import prepare_data, prepare_model
 from coordinator.data.sources import data_source
 from coordinator.loop.scoring import check_tasks_configured
+from coordinator.preflight.critic import check_critic
 from coordinator.preflight.data import load_examples, load_pairs, load_tokens
 from coordinator.preflight.lengths import check_lengths, measure_embedded_task, measure_examples
 from coordinator.preflight.machine import available_memory_bytes, check_machine
@@ -102,6 +104,8 @@ class Preflight:
             raise ConfigError(f"env.{agents[0]}.agent: agent tasks need a chat model (the rollout gateway applies its "
                               "chat template) and the embedded tiny model has none; set policy.model_name to an "
                               "instruct/chat checkpoint")
+        if cfg.ppo is not None:
+            teacher += "; " + check_critic(cfg, cfg.policy.model_name and self.model_dir)
         if self.model_dir is None:
             return "the embedded tiny model (built on the first run)" + teacher
         check_model_dir(self.model_dir, "policy.model_name" if cfg.policy.model_name else "the embedded model's cache")

@@ -124,6 +124,15 @@ def estimate_memory(cfg: ExperimentConfig, shape: ModelShape) -> MemoryEstimate:
         "logits": logits, "activations": activations, "publish": max(2 * BUCKET_BYTES, largest),
         "base": ranks * TRAINER_RANK_BASE}, training_only=("gradients or parked weights", "logits", "activations"))]
     plan = cfg.service_plan
+    if plan.critic_ranks:  # PPO: the critic's own trainer (the same body, a value head, no reference, no logits)
+        critic = cfg.ppo.critic
+        c = DTYPE_BYTES[critic.precision or cfg.policy.precision]
+        critic_micro = critic.train_micro_batch_size or micro
+        services.append(ServiceMemory("critic", 1, {
+            "parameters": n * c, "adam": 2 * n * c, "gradients": n * c,
+            "activations": critic_micro * length * shape.num_layers * shape.hidden_size
+            * ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN, "base": plan.critic_ranks * TRAINER_RANK_BASE},
+            training_only=("gradients", "activations")))  # it trains while the policy's trainer does
     if plan.generator_services:
         vllm = generation.vllm_cfg
         kv = (vllm.kv_cache_space_gib * GIB if vllm.kv_cache_space_gib is not None

@@ -48,9 +48,10 @@ from trainer_svc.backends.dtensor.parallel import (
     check_tensor_parallel,
     materialization,
 )
+from trainer_svc.config import ModelHead
 from trainer_svc.config.lora import LoraSettings
 from trainer_svc.distributed import DistEnv
-from trainer_svc.hf import classifier_config
+from trainer_svc.hf import head_config
 
 
 @dataclass
@@ -68,17 +69,26 @@ class ShardedPolicy:
 def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims: ParallelDims,
                         compute_dtype: torch.dtype, activation_checkpointing: bool,
                         offload_policy: OffloadPolicy | None = None,
-                        sequence_classifier: bool = False, lora_cfg: LoraSettings | None = None,
+                        head: ModelHead = ModelHead.LM, lora_cfg: LoraSettings | None = None,
                         seed: int = 0, custom_plan: dict | None = None) -> ShardedPolicy:
     """Load `model_dir` (any AutoModelForCausalLM checkpoint) sharded over the (dp, tp) `mesh`;
-    with `sequence_classifier`, as a one-output AutoModelForSequenceClassification (a reward
-    model; see `trainer_svc.hf.classifier_config`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    with a SEQUENCE_SCORE `head`, as a one-output AutoModelForSequenceClassification (a reward
+    model; see `trainer_svc.hf.classifier_config`); with TOKEN_VALUE, as a one-output
+    AutoModelForTokenClassification (a PPO critic, `trainer_svc.hf.value_model_config`) whose
+    fresh head starts at zero."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     if not (Path(model_dir) / "config.json").is_file():
         raise ValueError(f"model_name {model_dir!r} is not an HF checkpoint directory (no config.json)")
-    config = classifier_config(model_dir) if sequence_classifier else AutoConfig.from_pretrained(model_dir)
-    auto_class = AutoModelForSequenceClassification if sequence_classifier else AutoModelForCausalLM
+    config = head_config(model_dir, head) or AutoConfig.from_pretrained(model_dir)
+    auto_class = {ModelHead.LM: AutoModelForCausalLM, ModelHead.SEQUENCE_SCORE: AutoModelForSequenceClassification,
+                  ModelHead.TOKEN_VALUE: AutoModelForTokenClassification}[head]
+    sequence_classifier = head is not ModelHead.LM
     checkpoint_dtype = _config_dtype(config)
     with torch.device("meta"):
         model = auto_class.from_config(config, dtype=torch.float32)
@@ -112,7 +122,12 @@ def load_sharded_policy(model_dir: str, *, env: DistEnv, mesh: DeviceMesh, dims:
     model.to_empty(device=where.params)
 
     def load_full() -> nn.Module:  # rank 0 only
-        loaded = auto_class.from_pretrained(model_dir, config=config, dtype=torch.float32)
+        loaded, info = auto_class.from_pretrained(model_dir, config=config, dtype=torch.float32,
+                                                  output_loading_info=True)
+        if head is ModelHead.TOKEN_VALUE and any(k.startswith("score.") for k in info["missing_keys"]):
+            with torch.no_grad():  # a fresh value head: every value starts at 0 (HF draws it at random)
+                for param in loaded.score.parameters():
+                    param.zero_()
         if adapters:
             loaded = lora.wrap(loaded, lora_cfg)
             lora.init_adapters(loaded, lora_cfg, seed)

@@ -6,7 +6,7 @@ import pytest
 
 from coordinator.config import load_config
 from coordinator.config.loading import ConfigError
-from coordinator.preflight.memory import GIB, MIB, check_memory, estimate_memory
+from coordinator.preflight.memory import GIB, MIB, ServiceMemory, check_memory, estimate_memory
 from tandem.model_memory import ModelShape, kv_cache_bytes
 
 QWEN_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
@@ -85,3 +85,20 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts():
     assert "policy.precision=bfloat16" in message and "policy.train_micro_batch_size" in message
     external = load_config(overrides=[*WORKLOAD, "cluster.launch=external"])
     check_memory(external, estimate_memory(external, ModelShape.from_config(QWEN_05B)), GIB)  # nothing started here
+
+
+def test_a_ppo_run_counts_its_critic():
+    # the critic: the policy's body in fp32 (4 N), Adam 8 N, gradients 4 N, the activations of a
+    # micro-batch of 8 (ppo.critic.train_micro_batch_size) and one trainer rank's base
+    estimate = estimate_memory(load_config(overrides=[*WORKLOAD, "ppo.critic.train_micro_batch_size=8"]),
+                               ModelShape.from_config(QWEN_05B))
+    critic = next(s for s in estimate.services if s.name == "critic")
+    assert critic.count == 1 and critic.parts == {"parameters": 4 * N, "adam": 8 * N, "gradients": 4 * N,
+                                                  "activations": 8 * 32 * 24 * 896 * 16, "base": 512 * MIB}
+    without = estimate_memory(load_config(overrides=WORKLOAD), ModelShape.from_config(QWEN_05B))
+    # it trains while the policy's trainer trains: its gradients and activations count in that phase only
+    training, rest = (sum(f(s) for s in estimate.services) for f in (ServiceMemory.while_training,
+                                                                       ServiceMemory.otherwise))
+    assert training == sum(s.while_training() for s in without.services) + critic.each
+    assert rest == sum(s.otherwise() for s in without.services) + 12 * N + 512 * MIB
+    assert estimate.total == max(training, rest)
