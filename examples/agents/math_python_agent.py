@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 
 from reward_svc.config import SandboxLimits
 from reward_svc.sandbox import run_program
@@ -45,8 +46,8 @@ async def run_python(code: str) -> str:
     result = await asyncio.to_thread(run_program, CELL, LIMITS, input_text=code)
     if result.setup_error:
         raise RuntimeError(f"the Python tool's sandbox could not start: {result.setup_error}")
-    if result.timed_out:
-        return f"timed out after {LIMITS.wall_s} s"
+    if result.timed_out or result.exit_code in (-signal.SIGXCPU, -signal.SIGKILL):  # wall clock or CPU limit
+        return f"timed out (limits: {LIMITS.cpu_s} s of CPU, {LIMITS.wall_s} s of wall clock)"
     lines = result.output.strip().splitlines()
     return (lines[-1] if lines else "(no output)")[-TOOL_OUTPUT_CHARS:]
 
