@@ -354,7 +354,8 @@ def main() -> int:
     outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True),
                       overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}",
                                  *(ASYNC_ARGS if args.asynchronous else [])]).run()
-    verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, batch=PROMPTS * GENERATIONS, max_age=1)
+    verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, groups=PROMPTS, generations=GENERATIONS,
+                           max_age=1)
                if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home))
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
     stop_everything(outcome.home)  # after a failed run

@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from coordinator.loop.ledger import StepSamples, account
+
 # --- what a live run leaves in its directory (as tests/integration/run_files.py reads it) -----
 
 def grpo_rows(run_dir: Path) -> list[dict]:
@@ -212,15 +214,18 @@ def _complete(path: Path) -> bool:
             and any((trainer / "dcp").glob(".metadata")))
 
 
-def check_async(run_dir: Path, home: Path, *, steps: int, batch: int, max_age: int, settle_s: float = 15.0) -> Verdict:
+def check_async(run_dir: Path, home: Path, *, steps: int, groups: int, generations: int, max_age: int,
+                settle_s: float = 15.0) -> Verdict:
     """An asynchronous run has no fault-free twin to equal: which weights sampled a batch depends on
     timing. What it must keep: every step 1..steps trained once in the run's final history (a
     restart drops the rows after its checkpoint and trains those steps again, on the restored
-    state), each on a full batch (`batch` samples), none older than `max_age` versions; the
-    exported weights; nothing left running; the checkpoints it claims. Not checked here: the
-    identity of each prompt trained (the run does not log it; the cursor in each checkpoint,
-    coordinator/checkpoint/resume.py, is what makes a resume draw the prompts after it)."""
-    problems: list[str] = []
+    state), each on a full batch (`groups` x `generations` samples), none older than `max_age`
+    versions; every sample accounted for by the run's ledger (`account`: none trained twice, none
+    lost, each drop with its reason); the exported weights; nothing left running; the
+    checkpoints it claims."""
+    batch = groups * generations
+    records, problems = ledger(run_dir)
+    problems += account(records, steps=steps, groups=groups, generations=generations, max_age=max_age)
     rows = grpo_rows(run_dir)
     logged = [r["step"] for r in rows]
     if logged != list(range(1, steps + 1)):
@@ -240,6 +245,20 @@ def check_async(run_dir: Path, home: Path, *, steps: int, batch: int, max_age: i
     checkpoints_ok = _check_checkpoints(run_dir, problems)
     fine = not problems
     return Verdict(fine, fine, fine, 0.0, 0.0, left, checkpoints_ok, problems, asynchronous=True)
+
+
+def ledger(run_dir: Path) -> tuple[list[StepSamples], list[str]]:
+    """<run>/ledger.jsonl's records (coordinator/loop/ledger.py), in order, and its unreadable lines."""
+    path = run_dir / "ledger.jsonl"
+    records, problems = [], []
+    for number, line in enumerate(path.read_text().splitlines() if path.is_file() else [], 1):
+        try:
+            records.append(StepSamples.from_json(json.loads(line)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            problems.append(f"ledger.jsonl line {number} unreadable ({type(exc).__name__})")
+    if not path.is_file():
+        problems.append("no ledger.jsonl")
+    return records, problems
 
 
 def _left_running(home: Path, settle_s: float) -> list[int]:

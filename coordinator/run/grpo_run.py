@@ -14,6 +14,7 @@ from the last checkpoint in the same way.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from coordinator.launch.local import HostedService, LocalCluster
 from coordinator.launch.supervisor import trainer_dead
 from coordinator.loop.context import LoopContext
 from coordinator.loop.evaluation import validate
+from coordinator.loop.ledger import StepSamples
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.membership.services import Services
 from coordinator.metrics.log import plot_curves
@@ -98,6 +100,8 @@ class Run(RunBase):
         ctx.cursor = PromptCursor(train, cfg.grpo.seed)
         if resumed is not None:
             ctx.cursor.load_state(resumed.cursor)
+        else:
+            self.ledger_path.unlink(missing_ok=True)  # GRPO from its first step: a ledger of its own
         if cfg.grpo.max_num_steps:
             try:
                 self._grpo(ctx, train, cluster, first_step=resumed.step + 1 if resumed else 1)
@@ -206,6 +210,16 @@ class Run(RunBase):
         self._record_validation(phase, step, result, time.perf_counter() - started, samples)
         return result["accuracy"]
 
+    @property
+    def ledger_path(self) -> Path:
+        """<run>/ledger.jsonl: which samples each GRPO step trained on (coordinator/loop/ledger.py),
+        one line per step of the run's history (a resume drops the lines after its checkpoint)."""
+        return self.run_dir / "ledger.jsonl"
+
+    def trained(self, samples: StepSamples) -> None:
+        with open(self.ledger_path, "a") as f:
+            f.write(json.dumps(samples.to_json(), separators=(",", ":")) + "\n")
+
     def checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
         """`cursor`: the data cursor after this step's prompts (later steps' may be drawn already)."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
@@ -250,6 +264,7 @@ class Run(RunBase):
         ctx.publish(generators, version=version)
         self.metrics.history = list(state.metrics)
         resuming.rewrite_metrics(self.metrics.path, state.metrics)
+        resuming.truncate_ledger(self.ledger_path, state.step)
         resuming.restore_rng(state.rng)
         self.sft_steps = state.sft_steps
         if train is not None:
