@@ -123,7 +123,8 @@ class Verdict:
 
 
 def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float = 1e-6,
-          settle_s: float = 15.0) -> Verdict:
+          settle_s: float = 15.0, checkpoints: Path | None = None) -> Verdict:
+    """checkpoints: where the run's checkpoints are (default <chaos_dir>/checkpoints)."""
     from safetensors.torch import load_file
 
     problems: list[str] = []
@@ -155,7 +156,7 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
     left = _left_running(home, settle_s)
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
-    checkpoints_ok = _check_checkpoints(chaos_dir, problems)
+    checkpoints_ok = _check_checkpoints(chaos_dir, problems, checkpoints)
     return Verdict(steps_equal and weights_equal, steps_equal, weights_equal, max_diff, max_weight_diff, left,
                    checkpoints_ok, problems)
 
@@ -176,12 +177,12 @@ def _steps(steps: list[int]) -> str:
     return f"{steps[0]}..{steps[-1]}" if steps and steps == list(range(steps[0], steps[-1] + 1)) else str(steps)
 
 
-def _check_checkpoints(run_dir: Path, problems: list[str]) -> bool:
+def _check_checkpoints(run_dir: Path, problems: list[str], root: Path | None = None) -> bool:
     """`latest` names a complete checkpoint; so does every checkpoint the run's last session
     logged as saved that keep_top_k keeps; every step directory there is complete."""
     import yaml
 
-    root = run_dir / "checkpoints"
+    root = root or run_dir / "checkpoints"
     keep = yaml.safe_load((run_dir / "config.yaml").read_text())["checkpointing"]["keep_top_k"]
     ok = True
     latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
@@ -215,7 +216,7 @@ def _complete(path: Path) -> bool:
 
 
 def check_async(run_dir: Path, home: Path, *, steps: int, groups: int, generations: int, max_age: int,
-                settle_s: float = 15.0) -> Verdict:
+                settle_s: float = 15.0, checkpoints: Path | None = None) -> Verdict:
     """An asynchronous run has no fault-free twin to equal: which weights sampled a batch depends on
     timing. What it must keep: every step 1..steps trained once in the run's final history (a
     restart drops the rows after its checkpoint and trains those steps again, on the restored
@@ -242,7 +243,7 @@ def check_async(run_dir: Path, home: Path, *, steps: int, groups: int, generatio
     left = _left_running(home, settle_s)
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
-    checkpoints_ok = _check_checkpoints(run_dir, problems)
+    checkpoints_ok = _check_checkpoints(run_dir, problems, checkpoints)
     fine = not problems
     return Verdict(fine, fine, fine, 0.0, 0.0, left, checkpoints_ok, problems, asynchronous=True)
 

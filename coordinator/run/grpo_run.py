@@ -231,14 +231,20 @@ class Run(RunBase):
         started = time.perf_counter()
         if self._checkpoints is None:
             self._checkpoints = store.CheckpointWriter(root, self.cfg.checkpointing.keep_top_k, self.log,
-                                                       save_hf=self.cfg.checkpointing.save_hf)
-        self._checkpoints.save(step, state.to_json(), ctx.services.trainer)  # written in the background
+                                                       save_hf=self.cfg.checkpointing.save_hf,
+                                                       max_failures=self.cfg.checkpointing.max_failed_saves)
+        saving = self._checkpoints.save(step, state.to_json(), ctx.services.trainer)  # written in the background
         blocked = time.perf_counter() - started
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + blocked
-        self.progress.note(f"checkpoint at GRPO step {step} ({blocked:.1f}s, written in the background)")
+        if saving is None:
+            self.progress.note(f"[yellow]checkpoint at GRPO step {step} failed (logs/coordinator.log: "
+                               f"checkpoint_failed); the last complete one stays, and the run goes on[/]")
+        else:
+            self.progress.note(f"checkpoint at GRPO step {step} ({blocked:.1f}s, written in the background)")
 
     def _checkpoints_written(self) -> None:
-        """The last checkpoint on disk and complete (CheckpointWriteFailed if it could not be)."""
+        """The last checkpoint on disk and complete (a failed one counts as any failed save:
+        CheckpointWriteFailed past checkpointing.max_failed_saves in a row)."""
         if self._checkpoints is not None:
             self._checkpoints.wait()
             self.timings["checkpoint_write_s"] = self._checkpoints.write_seconds
