@@ -88,3 +88,15 @@ class SmallDisk:
         if self._holder is not None and self._holder.poll() is None:
             os.kill(self._holder.pid, signal.SIGKILL)
             self._holder.wait()
+
+
+def disk_available(scratch: Path) -> str | None:
+    """None if a SmallDisk can be made here (under `scratch`), else why not."""
+    disk = SmallDisk(scratch / "probe-disk", 1)
+    try:
+        disk.start()
+    except DiskUnavailable as exc:
+        return str(exc)
+    finally:
+        disk.close()
+    return None
