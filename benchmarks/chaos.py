@@ -59,7 +59,9 @@ from benchmarks.chaos_check import (
     check,
     check_async,
     figures,
+    joins,
     last_step,
+    ledger_figures,
     markdown,
     services,
     stop_everything,
@@ -72,7 +74,9 @@ RUN_NAME = "chaos"
 RECOVERED_AFTER = 2
 """A run has recovered from a fault once it logged this many GRPO steps past the last one logged
 before it: the step in flight when it landed (its rollout may have been done already), and one
-that began after it. So a recovery time includes about one step's time."""
+that began after it. So a recovery time includes about one step's time. A killed generator or
+reward service must also have registered again (async GRPO logs steps from batches sampled
+before the kill, which charged the relaunch to the next fault)."""
 
 
 class FaultKind(enum.Enum):
@@ -274,6 +278,8 @@ class Nemesis:
             self._log(f"skipped {fault.kind.value}: {note}")
             return True
         injected = Injected(fault.kind.value, round(self._elapsed(), 2), step, pid, fault.hang_s, note=note)
+        joined = joins(self.run_dir)
+        rejoins = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.REWARD_KILL)
         started = time.monotonic()
         group = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.GENERATOR_HANG, FaultKind.REWARD_KILL,
                                FaultKind.REWARD_HANG)
@@ -298,7 +304,8 @@ class Nemesis:
             self.proc.wait(timeout=30)
             self._launch()  # the same command again, as a user would
         try:
-            self._wait(lambda: last_step(self.run_dir) >= step + RECOVERED_AFTER or self.proc.poll() == 0,
+            self._wait(lambda: (last_step(self.run_dir) >= step + RECOVERED_AFTER
+                                and (not rejoins or joins(self.run_dir) > joined)) or self.proc.poll() == 0,
                        f"a GRPO step after {fault.kind.value}", self.recover_timeout_s)
         except (TimeoutError, RunExited) as exc:
             injected.note = f"{note} NOT RECOVERED: {exc}".strip()
@@ -407,6 +414,8 @@ def main() -> int:
     stop_everything(outcome.home)  # after a failed run
     result["reference_wall_s"] = round(ref_wall, 1)
     result["asynchronous"] = args.asynchronous
+    if args.asynchronous:
+        result["ledger"] = ledger_figures(outcome.run_dir)
     result["command"] = "benchmarks/chaos.py " + " ".join(without_paths(sys.argv[1:], ("--work", "--out")))
     args.out.mkdir(parents=True, exist_ok=True)
     mode = "-async" if args.asynchronous else ""

@@ -5,7 +5,9 @@ directory (read as tests/integration/run_files.py reads it), and the figures the
 Equal means: every GRPO step's training figures (COMPARED) and the exported final weights within
 `tolerance` of the fault-free run's (fp32 over gloo: in practice bit for bit, because every
 recovery replays from a checkpoint that holds the trainer's state, the data cursor and the RNG,
-and every sample's sampling seed is global: coordinator/loop/rollout.py); nothing the run started
+and every sample's sampling seed is global: coordinator/loop/rollout.py), and every step trained
+the same prompts, every sample accounted for (the runs' ledgers: coordinator/loop/ledger.py);
+nothing the run started
 alive at the end (any process whose environment names the run's TANDEM_HOME); the checkpoint
 directory holding every checkpoint it claims (`latest`, and the last checkpointing.keep_top_k
 saves its coordinator logged, each complete).
@@ -40,6 +42,15 @@ def grpo_rows(run_dir: Path) -> list[dict]:
 
 def last_step(run_dir: Path) -> int:
     return max((r["step"] for r in grpo_rows(run_dir)), default=0)
+
+
+def joins(run_dir: Path) -> int:
+    """Services that registered with the run's coordinators so far (member_joined in coordinator.log)."""
+    log = run_dir / "logs" / "coordinator.log"
+    try:
+        return log.read_text(errors="replace").count('"event": "member_joined"')
+    except OSError:
+        return 0
 
 
 def services(run_dir: Path) -> dict[str, int]:
@@ -153,12 +164,31 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
             problems.append(f"final weights differ (max |diff| {max_weight_diff:.3g})")
     except OSError as exc:
         problems.append(f"no final weights ({type(exc).__name__})")
+    steps_equal &= _same_samples(reference_dir, chaos_dir, problems)
     left = _left_running(home, settle_s)
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
     checkpoints_ok = _check_checkpoints(chaos_dir, problems, checkpoints)
     return Verdict(steps_equal and weights_equal, steps_equal, weights_equal, max_diff, max_weight_diff, left,
                    checkpoints_ok, problems)
+
+
+def _same_samples(reference_dir: Path, chaos_dir: Path, problems: list[str]) -> bool:
+    """Synchronous: the ledger of the run with faults accounts for every sample (none twice, none
+    lost, every one sampled by the weights its step trained: age 0), and each step trained the
+    same prompts as the fault-free run's (versions may differ: a restart publishes the restored
+    weights as a new version)."""
+    (ref, ref_broken), (got, got_broken) = ledger(reference_dir), ledger(chaos_dir)
+    found = got_broken + [f"fault-free run: {p}" for p in ref_broken]
+    if ref and not found:
+        found += account(got, steps=len(ref), groups=len(ref[0].trained),
+                         generations=len(ref[0].trained[0].versions), max_age=0)
+        for a, b in zip(ref, got):
+            if [g.draw for g in a.trained] != [g.draw for g in b.trained]:
+                found.append(f"step {a.step}: trained prompts {[g.draw for g in b.trained]}, "
+                             f"not {[g.draw for g in a.trained]}")
+    problems += [f"ledger: {p}" for p in found]
+    return not found
 
 
 def _cmdline(pid: int) -> str:
@@ -262,6 +292,21 @@ def ledger(run_dir: Path) -> tuple[list[StepSamples], list[str]]:
     return records, problems
 
 
+def ledger_figures(run_dir: Path) -> dict:
+    """What an async run's ledger accounts for: samples trained, prompts drawn, groups' samples
+    dropped (by reason), and the resumes its history went through (coordinator.log)."""
+    records, _ = ledger(run_dir)
+    dropped: dict[str, int] = {}
+    for record in records:
+        for d in record.dropped:
+            dropped[d.reason.value] = dropped.get(d.reason.value, 0) + len(d.group.versions)
+    draws = {g.draw for r in records for g in r.trained} | {d.group.draw for r in records for d in r.dropped}
+    log = run_dir / "logs" / "coordinator.log"
+    resumes = log.read_text(errors="replace").count('"event": "resumed"') if log.is_file() else 0
+    return {"trained": sum(len(g.versions) for r in records for g in r.trained), "draws": len(draws),
+            "dropped": sum(dropped.values()), "dropped_by_reason": dropped, "resumes": resumes}
+
+
 def _left_running(home: Path, settle_s: float) -> list[int]:
     left = processes_of(home)
     deadline = time.monotonic() + settle_s  # a service told to stop may take a moment
@@ -311,7 +356,12 @@ def markdown(result: dict) -> str:
     """The figures as a dated results page: the verdict, faults survived, recovery per kind."""
     rows = "\n".join(f"| {kind} | {r['n']} | {r['median']} | {r['max']} |" for kind, r in result["recover_s"].items())
     replaced = sum("replaced" in f["note"] for f in result["faults"])
-    compared = ("Asynchronous GRPO (rollouts up to one step ahead): checked by check_async, with no fault-free twin."
+    books = result.get("ledger")
+    accounted = (f" Its ledger accounts for {books['trained']} samples trained ({books['draws']} prompts drawn) and "
+                 f"{books['dropped']} dropped ({books['dropped_by_reason'] or 'none'}), across {books['resumes']} "
+                 "resumes from a checkpoint." if books else "")
+    compared = ("Asynchronous GRPO (rollouts up to one step ahead): checked by check_async, with no fault-free twin: "
+                f"every sample id (prompt draw, generation, weight version) in the run's ledger.jsonl.{accounted}"
                 if result.get("asynchronous") else
                 f"The same seed without faults took {result.get('reference_wall_s', 0):.0f} s. Largest difference "
                 f"from it: per-step figures {result['max_metric_diff']}, final weights {result['max_weight_diff']}.")
