@@ -27,10 +27,13 @@ GRPO steps past the last one logged before the fault: RECOVERED_AFTER).
 The checker (`check`): the per-step training figures (loss, rewards, grad norm, KL, ...) and the
 exported final weights equal the fault-free run's (fp32 over gloo; exact, because every
 recovery replays from a checkpoint that holds the trainer's state, the data cursor and the RNG,
-and every sample's sampling seed is global: coordinator/loop/rollout.py); nothing the run
+and every sample's sampling seed is global: coordinator/loop/rollout.py), and each step trained
+the same prompts (the runs' <run>/ledger.jsonl, coordinator/loop/ledger.py); nothing the run
 started is alive at the end (every process whose environment names the run's TANDEM_HOME);
 the checkpoint directory holds every checkpoint it claims (`latest` and the last
-checkpointing.keep_top_k saves logged, each complete).
+checkpointing.keep_top_k saves logged, each complete). An asynchronous run (`--async`,
+`check_async`) has no fault-free twin: its ledger must account for every sample (none trained
+twice, none lost, every step a full batch within the age bound), with the same last two checks.
 
 Figures go to <out>/chaos-<seed>.json and a line to stdout: faults survived (per hour of run),
 time to recover per kind (median, max), the verdict.

@@ -213,6 +213,9 @@ def _check_checkpoints(run_dir: Path, problems: list[str], root: Path | None = N
     import yaml
 
     root = root or run_dir / "checkpoints"
+    if not (run_dir / "config.yaml").is_file():
+        problems.append("no config.yaml: the run stopped before it began (its console says why)")
+        return False
     keep = yaml.safe_load((run_dir / "config.yaml").read_text())["checkpointing"]["keep_top_k"]
     ok = True
     latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
