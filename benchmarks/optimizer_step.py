@@ -25,6 +25,7 @@ from backend_variants import make_samples
 
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor import DTensorBackend
+from trainer_svc.backends.dtensor.parallel import local_value
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import close_distributed, init_distributed
 from trainer_svc.types import NllLossConfig
@@ -66,12 +67,12 @@ def main() -> None:
             for param in backend._params:  # the train step frees its gradients once applied: the same zeros for both
                 param.grad = torch.zeros_like(param)
             optimizer_ms[name].append(timed(backend._optimizer.step, args.steps))
-    same = all(torch.equal(a.to_local(), b.to_local())
+    same = all(torch.equal(local_value(a), local_value(b))
                for a, b in zip(backends["foreach"]._params, backends["loop"]._params))
     for name in backends:
         print(f"{name:8s} train step {statistics.median(step_ms[name]):6.1f} ms   optimizer step "
               f"{statistics.median(optimizer_ms[name]):5.1f} ms   (medians of {args.reps} reps x {args.steps} steps)")
-    close = all(torch.allclose(a.to_local(), b.to_local(), rtol=1e-5, atol=1e-6)
+    close = all(torch.allclose(local_value(a), local_value(b), rtol=1e-5, atol=1e-6)
                 for a, b in zip(backends["fused"]._params, backends["foreach"]._params))
     print(f"train step ratio loop/fused: {statistics.median(step_ms['loop']) / statistics.median(step_ms['fused']):.2f}x, "
           f"foreach/fused: {statistics.median(step_ms['foreach']) / statistics.median(step_ms['fused']):.2f}x; "

@@ -48,6 +48,9 @@ class SystemRep:
     command: str = ""
     members_lost: list[str] = field(default_factory=list)
     """Tandem: the coordinator's `member_lost` events (kind:member id): a healthy run has none."""
+    token_mult_prob_error: list[float] = field(default_factory=list)
+    """Tandem: each GRPO step's token_mult_prob_error (the generator's against the trainer's
+    probabilities of the sampled tokens: 1.0 when the generator serves exactly what the trainer has)."""
 
     @property
     def median_step_s(self) -> float:
@@ -102,7 +105,8 @@ def tandem_rep(system: str, run_dir: Path, launched: float, memory: Peaks, comma
                      publish_bytes=max((int(e.get("bytes") or 0) for e in sent), default=0),
                      checkpoint_s=[total / saves] * saves if saves and total is not None else [], command=command,
                      members_lost=[f"{e.get('kind')}:{e.get('member_id')}"
-                                   for e in events(logs / "coordinator.log", "member_lost")])
+                                   for e in events(logs / "coordinator.log", "member_lost")],
+                     token_mult_prob_error=[r["token_mult_prob_error"] for r in steps if "token_mult_prob_error" in r])
 
 
 def gib(kib: int) -> str:
@@ -199,10 +203,21 @@ def _checkpoint_lines(results: Results) -> list[str]:
 
 
 def _liveness_lines(results: Results) -> list[str]:
-    """Members the coordinator declared lost in each Tandem rep (a busy trainer must not be one)."""
-    return [f"- {system} rep {i + 1}: {len(rep.members_lost)} member(s) declared lost"
-            + (f" ({', '.join(rep.members_lost)})" if rep.members_lost else "")
-            for system, reps in results.reps.items() if system != "trl" for i, rep in enumerate(reps)]
+    """Members the coordinator declared lost in each Tandem rep (a busy trainer must not be one),
+    and how far the generator's token probabilities were from the trainer's."""
+    lines = []
+    for system, reps in results.reps.items():
+        for i, rep in enumerate(reps):
+            if system == "trl":
+                continue
+            lines.append(f"- {system} rep {i + 1}: {len(rep.members_lost)} member(s) declared lost"
+                         + (f" ({', '.join(rep.members_lost)})" if rep.members_lost else ""))
+            errors = rep.token_mult_prob_error
+            if errors:
+                worst = max(errors, key=lambda e: abs(e - 1.0))
+                lines.append(f"  token_mult_prob_error over {len(errors)} steps: {min(errors):.6f}-{max(errors):.6f} "
+                             f"(furthest from 1.0: {abs(worst - 1.0):.2e})")
+    return lines
 
 
 def render(results: Results) -> str:
@@ -228,5 +243,5 @@ def render(results: Results) -> str:
              "else it started; the whole tree's peak is the largest sum of one sample."), "",
              "## Publish", "", *_publish_lines(results), "",
              "## Checkpoint", "", *_checkpoint_lines(results), "",
-             "## Liveness", "", *_liveness_lines(results)]
+             "## Liveness and fidelity", "", *_liveness_lines(results)]
     return "\n".join(lines) + "\n"

@@ -44,6 +44,7 @@ from real_size_model import ensure_real_size_model
 import trainer_svc.backends.dtensor.backend as backend_module
 from coordinator.embedded.tiny_model import char_tokenizer
 from trainer_svc.backends.dtensor import DTensorBackend
+from trainer_svc.backends.dtensor.parallel import local_value
 from trainer_svc.backends.reference import _reference_copy, expand_copy
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import close_distributed, init_distributed
@@ -128,7 +129,7 @@ def use_variant(backend: DTensorBackend, clock: PhaseClock, name: str) -> None:
     ref = backend._reference
     old = "reference" in parts
     for i, (param, copy) in enumerate(zip(ref._params, ref._copies)):
-        live = param.to_local()
+        live = local_value(param)
         if old and copy.dtype != live.dtype:
             ref._copies[i] = expand_copy(copy, live)
         elif not old and copy.dtype == live.dtype:
@@ -169,8 +170,8 @@ def model_copies(backend: DTensorBackend) -> dict[str, float]:
     """GiB of each copy of the model the backend holds now."""
     def gib(tensors) -> float:
         return sum(t.numel() * t.element_size() for t in tensors) / 2**30
-    local = [p.to_local() for p in backend._params]
-    grads = [p.grad.to_local() for p in backend._params if p.grad is not None]
+    local = [local_value(p) for p in backend._params]
+    grads = [local_value(p.grad) for p in backend._params if p.grad is not None]
     state = [v for s in backend._optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     return {"parameters": gib(local), "gradients (between steps)": gib(grads), "optimizer state": gib(state),
             "reference (new form)": gib(backend._reference._copies)}

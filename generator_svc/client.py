@@ -73,7 +73,8 @@ class GeneratorClient:
 
     @rpc_failures
     def sleep(self, level: int = 1, timeout_s: float = 120.0) -> tuple[MemoryKind, ...]:
-        """Colocated on a GPU: release the generator's device memory; returns what is released."""
+        """Colocated on a GPU: release the generator's device memory (level 2 on CPU: free its weights until the
+        next version is loaded); returns what sleeps (nothing on CPU)."""
         return memory_from_pb(self._stub.Sleep(pb.SleepRequest(level=level), timeout=timeout_s).sleeping)
 
     @rpc_failures

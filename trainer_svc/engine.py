@@ -26,11 +26,11 @@ from tandem.rpc import FailedPrecondition
 from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender
 from trainer_svc.backends import build_backend
 from trainer_svc.batching import validate_samples, validate_train_layout
-from trainer_svc.config import TrainerSettings
+from trainer_svc.config import ModelHead, TrainerSettings
 from trainer_svc.cuda_ipc import CudaIpcExports
 from trainer_svc.decode import Decoder, DecodeRequest, DecodeSink
 from trainer_svc.distributed import close_distributed, init_distributed
-from trainer_svc.hf import classifier_config, eos_token_ids, model_fingerprint, write_hf_checkpoint
+from trainer_svc.hf import eos_token_ids, head_config, model_fingerprint, write_hf_checkpoint
 from trainer_svc.interfaces import TrainerBackend
 from trainer_svc.lockstep import Lockstep
 from trainer_svc.pairs import validate_pairs
@@ -47,11 +47,20 @@ from trainer_svc.types import (
     loss_kind,
 )
 
+_HEADS = {ModelHead.LM: "policy", ModelHead.SEQUENCE_SCORE: "reward model", ModelHead.TOKEN_VALUE: "critic"}
+"""How errors name the model a trainer holds."""
+
 
 @dataclass(frozen=True)
 class _ComputeLogprobs:
     samples: tuple[Sample, ...]
     policy: Policy
+    micro_batch_size: int
+
+
+@dataclass(frozen=True)
+class _ComputeValues:
+    samples: tuple[Sample, ...]
     micro_batch_size: int
 
 
@@ -107,10 +116,10 @@ class TrainerEngine:
     """Drives a TrainerBackend on every rank; rank 0 also owns the WeightSender."""
 
     def __init__(self, backend: TrainerBackend, lockstep: Lockstep, *, model_name: str, plan: BucketPlan,
-                 sender: WeightSender | None, fingerprint: str, log: Any, reward_model: bool = False,
+                 sender: WeightSender | None, fingerprint: str, log: Any, head: ModelHead = ModelHead.LM,
                  decoder: Decoder | None = None):
         self._backend = backend
-        self._reward_model = reward_model  # a scalar-head sequence classifier: Bradley-Terry only
+        self._head = head  # a reward model trains with Bradley-Terry only, a critic with the value loss only
         self._lockstep = lockstep
         self._model_name = model_name
         self._plan = plan
@@ -141,23 +150,36 @@ class TrainerEngine:
             raise ValueError(f"policy must be 'current' or 'reference', got {policy!r}")
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
-        if self._reward_model:
-            raise ValueError("this trainer holds a reward model (reward_model_cfg.enabled): it scores sequences "
-                             "and has no token logprobs")
+        if self._head is not ModelHead.LM:
+            raise ValueError(f"this trainer holds a {_HEADS[self._head]} (reward_model_cfg.enabled or "
+                             "value_model_cfg.enabled): it has no token logprobs")
         validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=False)
         return self._run(_ComputeLogprobs(tuple(samples), policy, micro_batch_size))
+
+    def values(self, samples: Sequence[Sample], micro_batch_size: int) -> list[list[float]]:
+        """A critic's value of each completion token's state (the prompt and the completion before
+        it), one per completion token, aligned as the logprobs are."""
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
+        if self._head is not ModelHead.TOKEN_VALUE:
+            raise ValueError("this trainer holds no value model (value_model_cfg.enabled is false): values come "
+                             "from a PPO critic")
+        validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=False)
+        return self._run(_ComputeValues(tuple(samples), micro_batch_size))
 
     def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,
                    micro_batch_size: int, learning_rate: float | None = None) -> StepResult:
         """Optimizer steps over `samples`; learning_rate overrides the configured one for this call."""
         kind = loss_kind(loss)
-        if self._reward_model != kind.reward_model:
-            names = " / ".join(k.config.__name__ for k in LOSSES if k.reward_model)
-            raise ValueError(f"a reward model trains only with {names}, and that loss only a reward model: "
-                             f"got {type(loss).__name__} for a trainer with reward_model_cfg.enabled="
-                             f"{str(self._reward_model).lower()}")
+        if self._head is not kind.model_head:
+            def losses(head: ModelHead) -> str:
+                return " / ".join(k.config.__name__ for k in LOSSES if k.model_head is head)
+            raise ValueError(f"got {type(loss).__name__} for a trainer holding a {_HEADS[self._head]}: a reward model "
+                             f"trains only with {losses(ModelHead.SEQUENCE_SCORE)}, a critic only with "
+                             f"{losses(ModelHead.TOKEN_VALUE)} and a policy with the others "
+                             "(reward_model_cfg.enabled / value_model_cfg.enabled choose the model)")
         validate_samples(samples, self._backend.vocab_size, need_generation_logprobs=kind.needs_generation_logprobs,
-                         need_teacher_logprobs=kind.needs_teacher_logprobs)
+                         need_teacher_logprobs=kind.needs_teacher_logprobs, need_value_targets=kind.value_model)
         validate_train_layout(len(samples), global_batch_size, micro_batch_size, self._backend.world_size)
         if kind.paired:
             validate_pairs(samples, global_batch_size, micro_batch_size, self._backend.world_size)
@@ -323,6 +345,8 @@ class TrainerEngine:
                 return self._decoder.run(command, sink)
             case _ComputeLogprobs(samples, policy, micro_batch_size):
                 return backend.compute_logprobs(samples, policy, micro_batch_size)
+            case _ComputeValues(samples, micro_batch_size):
+                return backend.compute_values(samples, micro_batch_size)
             case _TrainStep(samples, loss, global_batch_size, micro_batch_size, learning_rate):
                 return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
             case _PublishWeights(group, version, detach):
@@ -348,7 +372,7 @@ class TrainerEngine:
                     return 0
                 dtype = plan_dtype(self._plan) if for_generators else backend.checkpoint_dtype
                 return write_hf_checkpoint(state, path, source_dir=self._model_name, dtype=dtype,
-                                           config=classifier_config(self._model_name) if self._reward_model else None)
+                                           config=head_config(self._model_name, self._head))
         raise TypeError(f"unknown command {type(command).__name__}")
 
 
@@ -371,7 +395,7 @@ def build_engine(settings: TrainerSettings, log: Any, token: str) -> TrainerEngi
              num_parameters=backend.num_parameters, plan_bytes=plan.total_bytes, serves_generation=decoder is not None)
     return TrainerEngine(backend, Lockstep(env.cpu_group, env.rank, env.world_size), model_name=settings.model_name,
                          plan=plan, sender=sender, fingerprint=fingerprint, log=log,
-                         reward_model=settings.reward_model_cfg.enabled, decoder=decoder)
+                         head=settings.model_head, decoder=decoder)
 
 
 def writable_dir(path: str, what: str) -> Path:

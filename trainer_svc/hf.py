@@ -15,6 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from trainer_svc.config import ModelHead
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5")
 SHARD_BYTES = 5 << 30  # as save_pretrained's default max_shard_size
 
@@ -71,7 +73,33 @@ def classifier_config(model_dir: str | Path):  # -> transformers.PretrainedConfi
     return config
 
 
-def write_hf_checkpoint(state: Mapping[str, torch.Tensor], out_dir: str | Path, *, source_dir: str | Path,
+def value_model_config(model_dir: str | Path):  # -> transformers.PretrainedConfig
+    """`model_dir`'s config as a PPO critic: a one-output token classifier (LlamaForCausalLM ->
+    LlamaForTokenClassification: every position's hidden state through a linear layer) without
+    the classifier dropout HF adds by default (0.1), so a value is the same in training and scoring."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if config.model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        raise ValueError(f"{model_dir}: model type {config.model_type!r} has no token-classification class in "
+                         "transformers; a PPO critic needs one")
+    config.num_labels = 1
+    config.architectures = [MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES[config.model_type]]
+    config.classifier_dropout = 0.0
+    return config
+
+
+def head_config(model_dir: str | Path, head: ModelHead):  # -> transformers.PretrainedConfig | None
+    """The config an export of a model with `head` writes: the classifier's for a reward model or a
+    critic, None (the source's own) for a causal LM."""
+    if head is ModelHead.SEQUENCE_SCORE:
+        return classifier_config(model_dir)
+    return value_model_config(model_dir) if head is ModelHead.TOKEN_VALUE else None
+
+
+def write_hf_checkpoint(
+state: Mapping[str, torch.Tensor], out_dir: str | Path, *, source_dir: str | Path,
                         dtype: torch.dtype, config=None) -> int:
     """Write `state` as safetensors in `dtype` plus the source's non-weight files (config,
     tokenizer, generation config; `config`, if given, replaces the source's config.json);

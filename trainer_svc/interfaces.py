@@ -22,6 +22,9 @@ Tensor and batch conventions:
   Terry) gets the model's scalar output per row [B] instead of token logprobs.
 - A backend built with `reward_model_cfg.enabled` holds a one-output sequence classifier (HF's
   pooling: the score at each row's last non-pad token) and trains it with Bradley-Terry only.
+- A backend built with `value_model_cfg.enabled` (a PPO critic; DTensor only) holds a one-output
+  token classifier: a value per position, [B, T-1] in the logprobs' layout, trained with the value loss only.
+
 - Full state dicts use Hugging Face parameter names and full (unsharded) CPU tensors.
 """
 
@@ -71,6 +74,12 @@ class TrainerBackend(Protocol):
 
         Samples are split across ranks; rank 0 returns one list per sample, in order.
         """
+        ...
+
+    def compute_values(self, samples: Sequence[Sample], micro_batch_size: int) -> list[list[float]] | None:
+        """A value model's (value_model_cfg.enabled: a PPO critic's) value of each completion token's
+        state, aligned as `compute_logprobs`'s rows: values[i] is the model's scalar at the position
+        of token_ids[P+i-1], the state token P+i is sampled from. Rank 0 returns them, in order."""
         ...
 
     def train_step(self, samples: Sequence[Sample], loss: LossConfig, global_batch_size: int,

@@ -22,7 +22,7 @@ from tandem.generation import servicer as generator_contract
 from tandem.kinds import ServiceKind
 from tandem.membership import Announcement, Load
 from tandem.rpc import start_server
-from trainer_svc.config import TrainerSettings
+from trainer_svc.config import ModelHead, TrainerSettings
 from trainer_svc.engine import TrainerEngine
 from trainer_svc.generation import TrainerGenerationEngine
 from trainer_svc.types import LOSSES, LossConfig, Sample, loss_kind_named
@@ -32,7 +32,8 @@ SERVICE_NAME = "tandem.trainer.v1.TrainerService"
 
 def _sample(s: pb.Sample) -> Sample:
     return Sample(tuple(s.token_ids), s.prompt_length, tuple(s.loss_mask) or None,
-                  tuple(s.generation_logprobs) or None, s.advantage, tuple(s.teacher_logprobs) or None)
+                  tuple(s.generation_logprobs) or None, s.advantage, tuple(s.teacher_logprobs) or None,
+                  tuple(s.token_advantages) or None, tuple(s.returns) or None, tuple(s.values) or None)
 
 
 def _loss(request: pb.TrainStepRequest) -> LossConfig:
@@ -66,6 +67,10 @@ class TrainerServicer(pb_grpc.TrainerServiceServicer):
         rows = await self._call(self._engine.logprobs, [_sample(s) for s in request.samples], _policy(request),
                                 request.micro_batch_size)
         return pb.ComputeLogprobsResponse(samples=[pb.TokenLogprobs(logprobs=r) for r in rows])
+
+    async def ComputeValues(self, request, context):
+        rows = await self._call(self._engine.values, [_sample(s) for s in request.samples], request.micro_batch_size)
+        return pb.ComputeValuesResponse(samples=[pb.TokenValues(values=r) for r in rows])
 
     async def TrainStep(self, request, context):
         learning_rate = request.learning_rate if request.HasField("learning_rate") else None
@@ -131,5 +136,6 @@ async def serve(engine: TrainerEngine, settings: TrainerSettings, args: argparse
         also.append((Announcement(ServiceKind.GENERATOR, address, fingerprint, capacity=settings.generation.max_num_seqs,
                                   shares_trainer_weights=True),
                      lambda: Load(num_inflight=info().num_running, weight_version=info().weight_version)))
-    return await service.serve(running, args, Announcement(ServiceKind.TRAINER, address, fingerprint),
+    kind = ServiceKind.CRITIC if settings.model_head is ModelHead.TOKEN_VALUE else ServiceKind.TRAINER
+    return await service.serve(running, args, Announcement(kind, address, fingerprint),
                                lambda: Load(weight_version=engine.weight_version), log, also=also)

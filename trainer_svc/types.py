@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.weight_plan import BucketPlan
-from trainer_svc.config import TrainingBackend
+from trainer_svc.config import ModelHead, TrainingBackend
 
 Policy = Literal["current", "reference"]
 """Which policy scores a batch: the one being trained or the frozen initial weights."""
@@ -30,6 +30,11 @@ class Sample:
     advantage: applied to every completion token of the sample (GRPO).
     teacher_logprobs: one per completion token, the logprob under a distillation teacher
         (the distillation loss needs them; others ignore them).
+    token_advantages: one per completion token (PPO's GAE advantages); when given they replace
+        `advantage`.
+    returns: one per completion token, a critic's value targets (the value loss needs them).
+    values: one per completion token, the critic's values when the batch was rolled out (the
+        value loss clips against them).
     """
 
     token_ids: Sequence[int]
@@ -38,6 +43,9 @@ class Sample:
     generation_logprobs: Sequence[float] | None = None
     advantage: float = 0.0
     teacher_logprobs: Sequence[float] | None = None
+    token_advantages: Sequence[float] | None = None
+    returns: Sequence[float] | None = None
+    values: Sequence[float] | None = None
 
     @property
     def completion_length(self) -> int:
@@ -138,6 +146,16 @@ class DistillationLossConfig(LossConfig):
     """Weight each token by exp(previous - generation logprob), as the GRPO loss does."""
 
 
+class ValueLossConfig(LossConfig):
+    """PPO's critic loss (`trainer_svc.losses.value` states the formula): half the squared error
+    of the critic's per-token values against the returns, clipped around the values the batch was
+    rolled out with. Trains a value model (a trainer with value_model_cfg.enabled) only."""
+
+    cliprange_value: float | None = Field(0.5, gt=0)
+    """Clip of a value's move from its rollout-time value, [v_old - c, v_old + c], in the loss
+    (verl's critic.cliprange_value); null: the plain squared error."""
+
+
 class NllLossConfig(LossConfig):
     """Token-mean negative log-likelihood of the masked completion tokens (SFT)."""
 
@@ -192,6 +210,15 @@ class LossKind:
     """Every sample carries a teacher's logprobs of its completion (distillation)."""
     reward_model: bool = False
     """Trains a scalar-head reward model, and a reward model (reward_model_cfg.enabled) trains with no other loss."""
+    value_model: bool = False
+    """Trains a per-token value model (a PPO critic), and a value model (value_model_cfg.enabled) trains with
+    no other loss; every sample carries returns and rollout-time values."""
+
+    @property
+    def model_head(self) -> ModelHead:
+        """The head the trainer's model must have to train with this loss."""
+        return ModelHead.SEQUENCE_SCORE if self.reward_model else ModelHead.TOKEN_VALUE if self.value_model \
+            else ModelHead.LM
 
 
 LOSSES: tuple[LossKind, ...] = (
@@ -202,7 +229,9 @@ LOSSES: tuple[LossKind, ...] = (
              paired=True, reward_model=True),
     LossKind("distillation", DistillationLossConfig, "trainer_svc.losses.distillation:build",
              needs_generation_logprobs=True, needs_teacher_logprobs=True),
+    LossKind("ppo_value", ValueLossConfig, "trainer_svc.losses.value:build", value_model=True),
 )
+
 """Every loss the trainer trains with."""
 
 

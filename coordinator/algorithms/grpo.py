@@ -5,6 +5,9 @@
         rollouts   = the step's prompt groups, sampled and scored      loop/rollouts.py via loop/pipeline.py
         samples    = rewards -> shaping, KL -> advantages, loss masks  prepare_samples
         teacher    = a distillation teacher's logprobs of the samples  algorithms/distillation.py (distillation runs)
+        (ppo runs: the critic's values and GAE replace the estimator,  algorithms/ppo.py
+         and the critic trains beside the policy)
+
         train      = one TrainStep on the trainer service              trainer_svc
         publish    = the new weights to the generators                 loop/context.py
         validate / checkpoint when their period comes                  the run (run/grpo_run.py)
@@ -37,6 +40,7 @@ import torch
 
 from coordinator.algorithms.dapo import loss_token_counts, overlong_loss_masks, overlong_penalties
 from coordinator.algorithms.distillation import teacher_scored
+from coordinator.algorithms.ppo import critic_valued, train_with_critic
 from coordinator.loop.advantages import build_advantage_fn, kl_penalized_rewards
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import check_drift
@@ -107,7 +111,7 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
     at its first step); None: a pipeline for this step alone."""
     cfg, timings = ctx.cfg, PhaseTimes()
     batch = (rollouts or rollout_pipeline(ctx)).take(step)  # generation and scoring
-    ctx.release_generators()  # no generation from here to the publish (colocated GPU generators sleep)
+    ctx.release_generators()  # no generation from here to the publish (generators sharing its memory sleep)
     with timings("advantages"):
         samples, advantage_metrics = prepare_samples(ctx, batch.rollouts)
     if cfg.distillation is not None:  # the teacher scores the samples (algorithms/distillation.py)
@@ -115,9 +119,12 @@ def grpo_step(ctx: LoopContext, step: int, rollouts: RolloutPipeline | None = No
             samples, teacher_metrics = teacher_scored(ctx, samples)
         advantage_metrics.update(teacher_metrics)
     with timings("train"):
-        result = ctx.services.trainer.train_step(samples, trainer_loss(ctx),
-                                                 global_batch_size=cfg.policy.train_global_batch_size,
-                                                 micro_batch_size=cfg.policy.train_micro_batch_size)
+        if cfg.ppo is not None:  # the policy and the critic train at once (algorithms/ppo.py)
+            result = train_with_critic(ctx, samples, trainer_loss(ctx))
+        else:
+            result = ctx.services.trainer.train_step(samples, trainer_loss(ctx),
+                                                     global_batch_size=cfg.policy.train_global_batch_size,
+                                                     micro_batch_size=cfg.policy.train_micro_batch_size)
     with timings("publish"):
         version = publish(ctx, step, rollouts)
     metrics = {**result.metrics, **rollout_metrics(batch.rollouts), **batch.metrics, **advantage_metrics,
@@ -164,6 +171,10 @@ def prepare_samples(ctx: LoopContext, rollouts: RolloutGroups) -> tuple[list[Sam
         masks = overlong_loss_masks(rollouts)
         metrics["overlong_filtered_samples"] = float(sum(e.finish_reason == "length"
                                                          for group in rollouts.groups for e in group))
+    if cfg.ppo is not None:  # a learned baseline: the critic's values and GAE (algorithms/ppo.py)
+        samples, ppo_metrics = critic_valued(ctx, rollouts.samples(None, masks), rewards.flatten().tolist())
+        metrics.update(reward_shaped_mean=float(rewards.mean()), **ppo_metrics)
+        return samples, metrics
     counts = loss_token_counts(rollouts, masks)
     estimator = grpo.adv_estimator
     advantage_fn = build_advantage_fn(estimator.name, leave_one_out=grpo.use_leave_one_out_baseline,

@@ -10,7 +10,7 @@ from trainer_svc.types import NllLossConfig, Sample
 
 def sft_steps(ctx: LoopContext, num_steps: int) -> dict[str, float]:
     cfg = ctx.cfg.sft
-    ctx.release_generators()  # colocated on GPUs: the trainer gets the device until the next publish
+    ctx.release_generators()  # generators sharing its memory sleep until the next publish
     batch = ctx.cursor.next_batch(cfg.global_batch_size * num_steps)
     samples = []
     for example in batch:

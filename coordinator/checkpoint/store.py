@@ -1,4 +1,5 @@
-"""Loop checkpoints: <dir>/step_NNNNNN/{trainer/, coordinator.json[, hf/]}, written into a
+"""Loop checkpoints: <dir>/step_NNNNNN/{trainer/, coordinator.json[, critic/, hf/]} (critic/: a PPO
+run's critic service, saved with the policy so the two resume together), written into a
 temporary directory and renamed, so a checkpoint exists only once both parts are complete;
 `latest` names the newest complete one; only the last K are kept.
 
@@ -53,11 +54,13 @@ class CheckpointWriter:
         self.write_seconds = 0.0
         """Seconds from each save's start to its completion, summed over the completed saves."""
 
-    def save(self, step: int, state: dict, trainer) -> Path | None:
+    def save(self, step: int, state: dict, trainer, critic=None) -> Path | None:
         """Start checkpoint `step` (waiting for the previous one first); returns the directory it
         will have once complete, None if it could not start (a failed save, logged). Raises
         CheckpointWriteFailed when this makes more than max_failures failed saves in a row (a
-        trainer's or a file's error as it came, for a save that could not start)."""
+        service's or a file's error as it came, for a save that could not start). `critic`: a PPO
+        run's critic service, whose part goes into critic/ (the checkpoint is complete once both
+        are on disk)."""
         self.wait()
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -68,19 +71,24 @@ class CheckpointWriter:
             tmp.mkdir()
             trainer_dir = str((tmp / "trainer").resolve())
             trainer.save_checkpoint(trainer_dir, background=True)
+            parts = [(trainer, trainer_dir)]
+            if critic is not None:
+                critic_dir = str((tmp / "critic").resolve())
+                critic.save_checkpoint(critic_dir, background=True)
+                parts.append((critic, critic_dir))
             if self.save_hf:
                 trainer.export_hf(str((tmp / "hf").resolve()))  # complete when the step directory is renamed into place
             replace_durably(tmp / "coordinator.json", json.dumps(state, indent=1))
         except (RpcFailure, OSError) as exc:
             if isinstance(exc, RpcFailure) and exc.status.unreachable:
-                raise  # no trainer to answer: the run relaunches it
+                raise  # no service to answer: the run relaunches it
             self.log.warning("checkpoint_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
             shutil.rmtree(tmp, ignore_errors=True)
             if self._count_failure():
                 raise
             return None
         self._writing = tmp
-        self._thread = threading.Thread(target=self._complete, args=(step, trainer, trainer_dir, tmp, final, started),
+        self._thread = threading.Thread(target=self._complete, args=(step, parts, tmp, final, started),
                                         name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return final
@@ -118,12 +126,15 @@ class CheckpointWriter:
         self.failed_in_a_row += 1
         return self.failed_in_a_row > self.max_failures
 
-    def _complete(self, step: int, trainer, trainer_dir: str, tmp: Path, final: Path, started: float) -> None:
+    def _complete(self, step: int, parts: list, tmp: Path, final: Path, started: float) -> None:
         try:
             deadline = time.monotonic() + self.write_limit_s
-            while not trainer.checkpoint_written(trainer_dir, timeout_s=WRITE_POLL_S):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the trainer's checkpoint write took over {self.write_limit_s:.0f}s")
+            for service, directory in parts:  # the trainer's part, then the critic's (written meanwhile)
+                while not service.checkpoint_written(directory, timeout_s=WRITE_POLL_S):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the checkpoint write into {Path(directory).name}/ took over "
+                                           f"{self.write_limit_s:.0f}s")
+
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             fsync_dir(self.root)

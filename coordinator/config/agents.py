@@ -29,7 +29,8 @@ class AgentConfig(Section):
     `async def episode(example, client) -> float` where example is a dict (prompt, answer, task)
     and client an `openai.AsyncOpenAI` pointed at the run's rollout gateway with the episode's key."""
     timeout_s: float = Field(120.0, gt=0)
-    """Wall-clock limit of one episode; past it the episode ends with reward 0 (counted as agent_timeouts)."""
+    """Wall-clock limit of one episode; past it the episode ends with reward 0 (counted as
+    agent/ended_timeout and agent/agent_timeouts), never the run."""
     max_concurrency: int = Field(64, ge=1)
     """Episodes running at once (each holds at most one model call at a time)."""
     _env: AgentEnv | None = PrivateAttr(None)

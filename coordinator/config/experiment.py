@@ -17,6 +17,7 @@ from coordinator.config.distillation import DistillationConfig
 from coordinator.config.env import EnvConfig
 from coordinator.config.placement import Placement, place
 from coordinator.config.policy import PolicyConfig
+from coordinator.config.ppo import PPOConfig
 from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
 from coordinator.config.run import CheckpointingConfig, ClusterConfig, LoggerConfig
 from coordinator.config.section import Section
@@ -39,6 +40,9 @@ class ServicePlan:
     teacher_services: int = 0
     """Distillation teacher services (generator services serving distillation.teacher) launched
     (local) or waited for (external); none unless the run distills."""
+    critic_ranks: int = 0
+    """torchrun ranks of the PPO critic's trainer service (ppo.critic.num_ranks), launched (local) or
+    waited for (external); 0: no critic (the run is not PPO)."""
 
 
 class ExperimentConfig(Section):
@@ -58,6 +62,9 @@ class ExperimentConfig(Section):
     distillation: DistillationConfig | None = None
     """On-policy distillation from a teacher (coordinator/config/distillation.py); its presence makes
     the run a distillation run (the rollout loop of grpo.*, trained with distillation.*'s loss)."""
+    ppo: PPOConfig | None = None
+    """PPO with a critic (coordinator/config/ppo.py); its presence makes the run a PPO run (the rollout
+    loop of grpo.*, GAE advantages from a critic service's values)."""
     algorithm: Algorithm | None = Field(None, exclude=True)
     """Resolved from the dpo / rm sections at load; not a key to set."""
     _derived: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -69,8 +76,9 @@ class ExperimentConfig(Section):
             return ServicePlan(0, 0, ())
         launched = self.cluster.num_generators if self.policy.generation.backend.separate_services else 0
         teachers = self.distillation.teacher.num_generators if self.distillation is not None else 0
+        critic = self.ppo.critic.num_ranks if self.ppo is not None and self.ppo.critic is not None else 0
         return ServicePlan(launched, launched or 1, tuple(t for t, env in self.env.items() if not env.served_by_agent),
-                           teachers)
+                           teachers, critic)
 
     @property
     def placement(self) -> Placement:
@@ -88,6 +96,15 @@ class ExperimentConfig(Section):
         generation = self.policy.generation
         return generation.colocated.enabled or (self.cluster.launch.starts_services
                                                 and self.placement.generators_share_trainer_device)
+
+    @property
+    def generators_free_weights(self) -> bool:
+        """CPU generators free their weights from the rollouts to the next publish
+        (policy.generation.free_weights_while_training, resolved)."""
+        configured = self.policy.generation.free_weights_while_training
+        if configured is not None:
+            return configured
+        return not self.grpo.async_grpo.enabled and not self.cluster.gpus_per_node
 
     @property
     def derived(self) -> dict[str, str]:
@@ -114,7 +131,8 @@ class ExperimentConfig(Section):
             raise ValueError("algorithm is derived from the dpo / rm sections; remove it")
         object.__setattr__(self, "algorithm", resolve_algorithm(self.dpo, self.rm, self.policy.reward_model_cfg,
                                                                 self.data.dataset_name,
-                                                                distillation=self.distillation is not None))
+                                                                distillation=self.distillation is not None,
+                                                                ppo=self.ppo is not None))
         if not self.algorithm.uses_rollouts and self.policy.train_global_batch_size % self.cluster.trainer_ranks:
             raise ValueError(f"policy.train_global_batch_size ({self.policy.train_global_batch_size} pairs) must be a "
                              f"multiple of cluster.trainer_ranks ({self.cluster.trainer_ranks})")
@@ -192,6 +210,9 @@ class ExperimentConfig(Section):
         if not self.policy.generation.backend.separate_services:
             raise ValueError("grpo.async_grpo.enabled needs generator services (the trainer cannot generate while it "
                              "trains): set policy.generation.backend: vllm")
+        if self.policy.generation.free_weights_while_training:
+            raise ValueError("grpo.async_grpo.enabled generates while the trainer trains, so the generators must keep "
+                             "their weights: set policy.generation.free_weights_while_training: false (or leave it unset)")
         return self
 
     @model_validator(mode="after")
@@ -202,6 +223,31 @@ class ExperimentConfig(Section):
             raise ValueError(f"grpo.reward_shaping.overlong_buffer_length ({shaping.overlong_buffer_length}) must not "
                              f"exceed the completion budget ({budget}, grpo.reward_shaping.max_response_length or "
                              "policy.generation.max_new_tokens)")
+        return self
+
+    @model_validator(mode="after")
+    def _ppo_consistent(self) -> ExperimentConfig:
+        ppo = self.ppo
+        if ppo is None:
+            return self
+        if self.grpo.async_grpo.enabled:
+            raise ValueError("ppo runs synchronously for now (the critic values each step's samples with the weights "
+                             "of that step): set grpo.async_grpo.enabled: false")
+        if self.grpo.use_dynamic_sampling:
+            raise ValueError("grpo.use_dynamic_sampling drops prompt groups whose rewards agree, which PPO's per-token "
+                             "advantages do not need: set it to false with a ppo section")
+        if self.cluster.gpus_per_node and self.cluster.launch.starts_services:
+            raise ValueError("the PPO critic is launched on CPU nodes only for now: on GPUs start it yourself "
+                             "(torchrun -m trainer_svc with value_model_cfg.enabled in its settings) and set "
+                             "cluster.launch: external")
+        critic, samples = ppo.critic, self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+        batch = critic.train_global_batch_size or self.policy.train_global_batch_size
+        if self.grpo.max_num_steps and samples % batch:
+            raise ValueError(f"ppo.critic.train_global_batch_size ({batch}) must divide grpo.num_prompts_per_step x "
+                             f"grpo.num_generations_per_prompt ({samples})")
+        if batch % critic.num_ranks:
+            raise ValueError(f"ppo.critic.train_global_batch_size ({batch}) must be a multiple of "
+                             f"ppo.critic.num_ranks ({critic.num_ranks})")
         return self
 
     @model_validator(mode="after")

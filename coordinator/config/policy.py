@@ -109,6 +109,11 @@ class GenerationConfig(Section):
     """Top-k cutoff; null disables it."""
     vllm_cfg: VllmSettings = VllmSettings()
     """The vLLM engine's settings (generator_svc.config.VllmSettings)."""
+    free_weights_while_training: bool | None = None
+    """CPU generators free their copy of the model after the rollouts and the next publish loads it
+    anew (tandem/colocation.py), so the trainer's step has that memory (2.5 GiB at Qwen2.5-0.5B's
+    shape in float32; the publish's work is the same either way). Unset: on for synchronous runs on
+    CPU machines (cluster.gpus_per_node 0); async GRPO generates while the trainer trains and cannot."""
     mcore_generation_config: MegatronGenerationConfig = MegatronGenerationConfig()
     """The trainer's own generation (backend: megatron)."""
 

@@ -31,11 +31,13 @@ class Algorithm(str, Enum):
     """Bradley-Terry reward-model training on pairs (rm.*); the trainer only."""
     DISTILLATION = "distillation"
     """On-policy distillation (distillation.*): the rollout loop, with a teacher scoring the samples."""
+    PPO = "ppo"
+    """PPO with a critic (ppo.*): the rollout loop, a critic service valuing the samples, GAE advantages."""
 
     @property
     def uses_rollouts(self) -> bool:
         """Whether the run needs generators and reward services."""
-        return self in (Algorithm.GRPO, Algorithm.DISTILLATION)
+        return self in (Algorithm.GRPO, Algorithm.DISTILLATION, Algorithm.PPO)
 
 
 class DPOConfig(DpoLossConfig):
@@ -73,12 +75,12 @@ class RMConfig(Section):
 
 
 def resolve_algorithm(dpo: DPOConfig | None, rm: RMConfig | None, reward_model: RewardModelTrainingSettings,
-                      dataset_name: DatasetName, *, distillation: bool = False) -> Algorithm:
+                      dataset_name: DatasetName, *, distillation: bool = False, ppo: bool = False) -> Algorithm:
     """The run's algorithm from its sections; ValueError naming the keys to change."""
-    if sum((dpo is not None, rm is not None, distillation)) > 1:
-        raise ValueError("a config holds at most one of the dpo, rm and distillation sections: remove the others")
+    if sum((dpo is not None, rm is not None, distillation, ppo)) > 1:
+        raise ValueError("a config holds at most one of the dpo, rm, distillation and ppo sections: remove the others")
     algorithm = (Algorithm.DPO if dpo is not None else Algorithm.RM if rm is not None
-                 else Algorithm.DISTILLATION if distillation else Algorithm.GRPO)
+                 else Algorithm.DISTILLATION if distillation else Algorithm.PPO if ppo else Algorithm.GRPO)
     if reward_model.enabled != (algorithm is Algorithm.RM):
         raise ValueError("policy.reward_model_cfg.enabled must be true exactly when the config has an rm section "
                          "(reward-model training): set both or neither")
@@ -87,5 +89,6 @@ def resolve_algorithm(dpo: DPOConfig | None, rm: RMConfig | None, reward_model: 
                          "arithmetic_preference (the embedded toy pairs) or jsonl (prompt/chosen/rejected rows)")
     if algorithm.uses_rollouts and not dataset_name.holds_prompts:
         raise ValueError("data.dataset_name arithmetic_preference holds preference pairs, for a dpo or rm run; "
-                         "use arithmetic or jsonl for GRPO/SFT/distillation")
+                         "use arithmetic or jsonl for GRPO/SFT/distillation/PPO")
+
     return algorithm

@@ -17,7 +17,7 @@ from coordinator.embedded.cache import ensure_entry
 from coordinator.embedded.tiny_model import DEFAULT_SPEC, TinyModelSpec, build_char_tokenizer, init_tiny_model
 
 EXTRA_TOKENS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "{", "}", "[", "]", "<", ">", "_")
-CHAT_SPEC = replace(DEFAULT_SPEC, max_position_embeddings=160)
+CHAT_SPEC = replace(DEFAULT_SPEC, max_position_embeddings=256)
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}{{ '\\n' }}{% endif %}"

@@ -145,15 +145,17 @@ class LocalCluster:
                                             token=self.token, log=self.log)
             return self.server.start()
 
-    def restart_trainer(self) -> None:
-        """Relaunch the trainer (its process group is killed first) and wait until it registers;
-        the generator it served itself (policy.generation.backend megatron) goes with it."""
-        old = [m for m in self.registry.live() if m.kind is ServiceKind.TRAINER or m.shares_trainer_weights]
-        self.launcher.restart("trainer")
+    def restart_trainer(self, kind: ServiceKind = ServiceKind.TRAINER) -> None:
+        """Relaunch the trainer (kind CRITIC: a PPO run's critic; its process group is killed first)
+        and wait until it registers; the generator the trainer served itself (policy.generation.backend
+        megatron) goes with it."""
+        old = [m for m in self.registry.live()
+               if m.kind is kind or (kind is ServiceKind.TRAINER and m.shares_trainer_weights)]
+        self.launcher.restart(str(kind))  # launched as "trainer" / "critic" (launch/specs.py)
         for member in old:
-            self.registry.remove(member.member_id, reason="trainer relaunched", may_return=False)
+            self.registry.remove(member.member_id, reason=f"{kind} relaunched", may_return=False)
             self.services.forget(member.member_id)
-        self.registry.wait_for(lambda members: any(m.kind is ServiceKind.TRAINER for m in members),
+        self.registry.wait_for(lambda members: any(m.kind is kind for m in members),
                                self.cfg.cluster.startup_timeout_s, check=self.launcher.check)
 
     def __exit__(self, *exc) -> None:
@@ -170,6 +172,9 @@ class LocalCluster:
                 needs["a generator"] = Need(ServiceKind.GENERATOR)
             if plan.teacher_services:
                 needs["a distillation teacher"] = Need(ServiceKind.TEACHER)
+            if plan.critic_ranks:
+                needs["the PPO critic"] = Need(ServiceKind.CRITIC)
+
             needs.update({f"the reward service of task {task!r}": Need(ServiceKind.REWARD, task)
                           for task in plan.reward_tasks})
         return needs

@@ -96,6 +96,10 @@ def plan(cfg: ExperimentConfig) -> Layout:
         raise SlurmPlanError("distillation: `tandem slurm` does not place teacher services yet; start them as "
                              "generator services with teacher: true in their settings (they register with the "
                              "coordinator) and run with cluster.launch: external")
+    if cfg.ppo is not None:
+        raise SlurmPlanError("ppo: `tandem slurm` does not place the critic service yet; start it as a trainer "
+                             "service with value_model_cfg.enabled in its settings (it registers with the coordinator) "
+                             "and run with cluster.launch: external")
     if cluster.gpus_per_node:
         if cluster.trainer_ranks != cluster.num_nodes * cluster.gpus_per_node:
             raise SlurmPlanError(f"cluster.trainer_ranks ({cluster.trainer_ranks}) must be cluster.num_nodes x "

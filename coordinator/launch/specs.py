@@ -17,7 +17,7 @@ from coordinator.membership.registry import Member
 from generator_svc.config import GeneratorSettings
 from reward_svc.config import RewardModelSettings, RewardSettings, ScoringSettings
 from tandem.kinds import ServiceKind
-from trainer_svc.config import GenerationSettings, TrainerSettings
+from trainer_svc.config import GenerationSettings, TrainerSettings, ValueModelSettings
 
 
 def serving_dtype(cfg: ExperimentConfig) -> str:
@@ -38,6 +38,18 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
                                       max_model_len=policy.max_total_sequence_length))
 
 
+def critic_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
+    """The PPO critic's trainer settings (ppo.critic, coordinator/config/ppo.py): a value model
+    (value_model_cfg.enabled) on its own checkpoint, optimizer and DTensor settings; `model_dir` is
+    the policy's checkpoint, the critic's unless ppo.critic.model_name is set."""
+    assert cfg.ppo is not None and cfg.ppo.critic is not None
+    critic = cfg.ppo.critic
+    return TrainerSettings(
+        model_name=critic.model_name or model_dir, seed=cfg.grpo.seed + 2000, dtype=critic.precision or cfg.policy.precision,
+        optimizer=critic.optimizer.kwargs, max_grad_norm=critic.max_grad_norm, dtensor_cfg=critic.dtensor_cfg,
+        value_model_cfg=ValueModelSettings(enabled=True), weight_sync_host=cfg.cluster.host)
+
+
 def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:
     generation = cfg.policy.generation
     return GeneratorSettings(**generation.vllm_cfg.model_dump(exclude={"gpu_memory_utilization", "enforce_eager"}),
@@ -47,7 +59,8 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
                              gpu_memory_utilization=gpu_memory_utilization(cfg),
                              in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
                              recompute_kv_cache_after_weight_updates=(
-                                 cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates))
+                                 cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates),
+                             free_weights_while_training=cfg.generators_free_weights)
 
 
 def teacher_settings(cfg: ExperimentConfig, index: int, scratch: Path) -> GeneratorSettings:
@@ -134,6 +147,10 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
     if trainer_only:
         return
     plan = cfg.service_plan  # dpo, rm: no generators and no reward services
+    if plan.critic_ranks:  # PPO: the critic is a second trainer, essential like the first
+        launcher.start(ServiceSpec("critic", torchrun_module(
+            "trainer_svc", plan.critic_ranks, "--settings", write("critic", critic_settings(cfg, model_dir)), *common),
+            env=threads.env(ServiceKind.CRITIC)))
     if plan.generator_services and trainer_ready is not None and trainer_starts_first(cfg):
         trainer_ready()
     for index in range(plan.generator_services):
@@ -165,8 +182,9 @@ class ServiceThreads:
     reward: int = 1
 
     def env(self, kind: ServiceKind) -> dict[str, str]:
-        threads = {ServiceKind.TRAINER: self.trainer_rank, ServiceKind.GENERATOR: self.generator,
-                   ServiceKind.TEACHER: self.generator, ServiceKind.REWARD: self.reward}[kind]
+        threads = {ServiceKind.TRAINER: self.trainer_rank, ServiceKind.CRITIC: self.trainer_rank,
+                   ServiceKind.GENERATOR: self.generator, ServiceKind.TEACHER: self.generator,
+                   ServiceKind.REWARD: self.reward}[kind]
         return {"OMP_NUM_THREADS": str(threads)}
 
 
@@ -184,9 +202,9 @@ def service_threads(cfg: ExperimentConfig, cores: int | None = None) -> ServiceT
 
 
 def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
-    """Predicate over live members: the trainer, every generator (the trainer's own, with
-    policy.generation.backend megatron), every distillation teacher and every task's reward
-    service; trainer_only: the trainer."""
+    """Predicate over live members: the trainer (and a PPO run's critic), every generator (the
+    trainer's own, with policy.generation.backend megatron), every distillation teacher and every
+    task's reward service; trainer_only: the trainer."""
     plan = cfg.service_plan
 
     def ready(members: list[Member]) -> bool:
@@ -194,6 +212,8 @@ def all_registered(cfg: ExperimentConfig, trainer_only: bool = False):
         tasks = {t for m in members if m.kind is ServiceKind.REWARD for t in m.tasks}
         if trainer_only:
             return ServiceKind.TRAINER in kinds
-        return (ServiceKind.TRAINER in kinds and kinds.count(ServiceKind.GENERATOR) >= plan.generators
+        critic = not plan.critic_ranks or ServiceKind.CRITIC in kinds
+        return (critic and ServiceKind.TRAINER in kinds and kinds.count(ServiceKind.GENERATOR) >= plan.generators
+
                 and kinds.count(ServiceKind.TEACHER) >= plan.teacher_services and set(plan.reward_tasks) <= tasks)
     return ready

@@ -186,18 +186,35 @@ class Supervisor:
         self._notify(text)
 
 
-def trainer_dead(services, launcher, error: BaseException | None = None, grace_s: float = 60.0) -> bool:
-    """Whether the trainer is gone: its launched process exited, or it does not answer GetInfo
-    (an error that left the trainer answering was not the trainer's death). A failed trainer
-    call (`error`) while rank 0 still answers may be the death of another rank: its collective
-    broke (e.g. gloo's "Connection reset by peer") and torchrun is tearing the rest down, so the
-    trainer counts as dead if its process exits within grace_s."""
-    if launcher.exited("trainer"):
+def trainer_dead(services, launcher, error: BaseException | None = None, grace_s: float = 60.0, *,
+                 kind: ServiceKind = ServiceKind.TRAINER) -> bool:
+    """Whether the trainer is gone (kind CRITIC: a PPO run's critic, the second trainer service):
+    its launched process exited, or it does not answer GetInfo (an error that left it answering
+    was not its death). A failed call (`error`) while rank 0 still answers may be the death of
+    another rank: its collective broke (e.g. gloo's "Connection reset by peer") and torchrun is
+    tearing the rest down, so it counts as dead if its process exits within grace_s."""
+    name = str(kind)  # the launched service's name: "trainer", "critic"
+    if launcher.exited(name):
         return True
     try:
-        services.trainer.info()
-    except (RpcFailure, RuntimeError):  # RuntimeError: no live trainer in the registry
+        services.trainer_of(kind).info()
+    except (RpcFailure, RuntimeError):  # RuntimeError: none live in the registry
         return True
     if isinstance(error, RpcFailure) and not error.status.rejects_request:
-        return launcher.wait_exit("trainer", grace_s) is not None
+        return launcher.wait_exit(name, grace_s) is not None
     return False
+
+
+def dead_trainers(services, launcher, kinds: list[ServiceKind], error: BaseException | None = None,
+                  grace_s: float = 60.0, poll_s: float = 0.25) -> list[ServiceKind]:
+    """Which of the trainer services `kinds` (the policy's trainer; a PPO run's critic) are gone, as
+    `trainer_dead` decides for one: those whose process exited or that do not answer; else, after a
+    failed call that may be another rank's death, those whose process exits within grace_s (waited
+    for together: the failed call may have been either's)."""
+    dead = [k for k in kinds if trainer_dead(services, launcher, kind=k)]
+    if dead or not (isinstance(error, RpcFailure) and not error.status.rejects_request):
+        return dead
+    deadline = time.monotonic() + grace_s
+    while not (dead := [k for k in kinds if launcher.exited(str(k))]) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return dead

@@ -63,8 +63,10 @@ class LoopContext:
         across trainer restarts, shown by `tandem status`); default a fresh one."""
         info = services.trainer.info()
         colocation = resolve_colocation(cfg.policy.generation.colocated.enabled, info.device_type,
-                                        shares_device=cfg.generators_share_trainer_device)
+                                        shares_device=cfg.generators_share_trainer_device,
+                                        free_weights=cfg.generators_free_weights)
         log.info("colocation", transport=colocation.transport.value, sleeps=colocation.sleeps,
+                 sleep_level=colocation.sleep_level,
                  device_type=info.device_type)
         transport = build_transport(colocation.transport, services.trainer, info.bucket_plan,
                                     info.weight_sync_store_address, log, op_timeout_s=op_timeout_s)
@@ -104,7 +106,8 @@ class LoopContext:
         self.reward_seconds += seconds
 
     def release_generators(self) -> None:
-        """The rollouts are done and the trainer's work begins: colocated GPU generators sleep."""
+        """The rollouts are done and the trainer's work begins: generators sharing the trainer's
+        memory sleep (colocated on GPUs) or free their weights (CPU, synchronous runs)."""
         self.phases.release(self.services.all_generators())
 
     def publish(self, generators: Sequence[GeneratorHandle] | None = None, *,

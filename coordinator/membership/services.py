@@ -41,10 +41,19 @@ class Services:
 
     @property
     def trainer(self) -> TrainerClient:
-        trainers = self._registry.live(ServiceKind.TRAINER)
-        if not trainers:
-            raise RuntimeError("no live trainer")
-        return self._client(trainers[0], TrainerClient)
+        return self.trainer_of(ServiceKind.TRAINER)
+
+    @property
+    def critic(self) -> TrainerClient:
+        """The PPO critic: a trainer service holding a value model (ServiceKind.CRITIC)."""
+        return self.trainer_of(ServiceKind.CRITIC)
+
+    def trainer_of(self, kind: ServiceKind) -> TrainerClient:
+        """The live trainer service of `kind` (TRAINER: the policy's; CRITIC: a PPO run's critic)."""
+        live = self._registry.live(kind)
+        if not live:
+            raise RuntimeError("no live trainer" if kind is ServiceKind.TRAINER else f"no live {kind}")
+        return self._client(live[0], TrainerClient)
 
     def all_generators(self) -> list[GeneratorHandle]:
         """Every live generator, whatever weights it serves (the loop admits only current ones

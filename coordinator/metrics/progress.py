@@ -153,6 +153,8 @@ def describe_startup(cfg: ExperimentConfig, members: list[Member], trainer: bool
     generators, tasks = expected_services(cfg)
     kinds = [m.kind for m in members]
     parts = [f"trainer {min(kinds.count(ServiceKind.TRAINER), 1)}/1"] if trainer else []
+    if trainer and cfg.service_plan.critic_ranks:
+        parts.append(f"critic {min(kinds.count(ServiceKind.CRITIC), 1)}/1")
     if generators:
         parts.append(f"generators {min(kinds.count(ServiceKind.GENERATOR), generators)}/{generators}")
     if tasks:

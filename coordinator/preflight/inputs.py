@@ -6,7 +6,9 @@ reported on its own line: coordinator/cli/dry_run.py):
                and the data files the config names exist
     model      the model's files (model_files.py), the checkpoint against the config (model.py),
                a reward model's files, a distillation teacher's files and tokenizer (teacher.py),
-               each service's expected peak memory against the memory available (memory.py)
+               a PPO critic's own checkpoint and tokenizer (critic.py),
+               each service's expected peak memory against the memory available (memory.py),
+               a chat template when a task is an agent's (the rollout gateway renders with it)
     data       every row of the train and val files (data.py), each row's task against the env
                sections, the tokenizer against the model's vocabulary, every prompt's length
                against the generators and the trainer (lengths.py)
@@ -36,12 +38,13 @@ from coordinator.config import ConfigError, ExperimentConfig
 from coordinator.data.inputs import prepare_data, prepare_model
 from coordinator.data.sources import data_source
 from coordinator.loop.scoring import check_tasks_configured
+from coordinator.preflight.critic import check_critic
 from coordinator.preflight.data import load_examples, load_pairs, load_tokens
 from coordinator.preflight.lengths import check_lengths, measure_embedded_task, measure_examples
 from coordinator.preflight.machine import available_memory_bytes, check_machine
 from coordinator.preflight.memory import MemoryEstimate, check_memory, estimate_memory
 from coordinator.preflight.model import check_model, check_vocab
-from coordinator.preflight.model_files import check_model_dir
+from coordinator.preflight.model_files import check_chat_template, check_model_dir
 from coordinator.preflight.teacher import check_teacher, check_teacher_length
 from tandem.model_memory import ModelShape
 
@@ -96,9 +99,18 @@ class Preflight:
         cfg = self.cfg
         self.model_dir = prepare_model(cfg) if self.build else _built_model(cfg)
         teacher = "; " + check_teacher(cfg, cfg.policy.model_name and self.model_dir) if cfg.distillation else ""
+        agents = [task for task, env in cfg.env.items() if env.served_by_agent]
+        if agents and cfg.policy.model_name is None:
+            raise ConfigError(f"env.{agents[0]}.agent: agent tasks need a chat model (the rollout gateway applies its "
+                              "chat template) and the embedded tiny model has none; set policy.model_name to an "
+                              "instruct/chat checkpoint")
+        if cfg.ppo is not None:
+            teacher += "; " + check_critic(cfg, cfg.policy.model_name and self.model_dir)
         if self.model_dir is None:
             return "the embedded tiny model (built on the first run)" + teacher
         check_model_dir(self.model_dir, "policy.model_name" if cfg.policy.model_name else "the embedded model's cache")
+        if agents:
+            check_chat_template(self.model_dir, f"env.{agents[0]}.agent")
         for task, env in cfg.env.items():
             if env.scorer.needs_model and env.reward_model.model_name is not None:
                 check_model_dir(env.reward_model.model_name, f"env.{task}.reward_model.model_name")

@@ -20,6 +20,11 @@ generator (vLLM-CPU, each)
     receive buffers (two buckets); two processes' base (the service and vLLM's engine core).
 coordinator and reward services: their process bases.
 
+The services' peaks do not all fall at once: the trainer's gradients, logits and activations
+exist only while it trains, and generators that free their weights while it trains
+(policy.generation.free_weights_while_training) hold only their KV cache and base then. The
+run's peak is the larger of the two phases' sums: training, and the rest (publish, rollouts).
+
 The bases are measured figures of this project's processes (benchmarks/results/2026-11-28-real-size.md,
 benchmarks/results/2026-11-28-train-step-real-size.md): what a process holds with torch, the
 libraries and nothing of the model. The figures are estimates: the check refuses a run whose
@@ -59,6 +64,10 @@ class ServiceMemory:
     """Services of this kind (generators: one per cluster.num_generators)."""
     parts: dict[str, int]
     """Bytes of one service, by what holds them."""
+    training_only: tuple[str, ...] = ()
+    """Parts held only while the trainer trains."""
+    not_while_training: tuple[str, ...] = ()
+    """Parts released while the trainer trains."""
 
     @property
     def each(self) -> int:
@@ -67,6 +76,12 @@ class ServiceMemory:
     @property
     def total(self) -> int:
         return self.each * self.count
+
+    def while_training(self) -> int:
+        return self.count * (self.each - sum(self.parts[p] for p in self.not_while_training))
+
+    def otherwise(self) -> int:
+        return self.count * (self.each - sum(self.parts[p] for p in self.training_only))
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.parts.items() if v)
@@ -80,10 +95,14 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return sum(s.total for s in self.services)
+        """The run's peak: the larger of the training phase's sum and the other phases'."""
+        return max(sum(s.while_training() for s in self.services), sum(s.otherwise() for s in self.services))
 
     def describe(self) -> str:
-        return f"expected peak {self.total / GIB:.1f} GiB: " + "; ".join(s.describe() for s in self.services)
+        training = sum(s.while_training() for s in self.services)
+        rest = sum(s.otherwise() for s in self.services)
+        return (f"expected peak {self.total / GIB:.1f} GiB (while the trainer trains {training / GIB:.1f}, "
+                f"otherwise {rest / GIB:.1f}): " + "; ".join(s.describe() for s in self.services))
 
 
 def estimate_memory(cfg: ExperimentConfig, shape: ModelShape) -> MemoryEstimate:
@@ -103,14 +122,24 @@ def estimate_memory(cfg: ExperimentConfig, shape: ModelShape) -> MemoryEstimate:
     services = [ServiceMemory("trainer", 1, {
         "parameters": n * p, "adam": 2 * n * p, "reference": reference, "gradients or parked weights": n * p,
         "logits": logits, "activations": activations, "publish": max(2 * BUCKET_BYTES, largest),
-        "base": ranks * TRAINER_RANK_BASE})]
+        "base": ranks * TRAINER_RANK_BASE}, training_only=("gradients or parked weights", "logits", "activations"))]
     plan = cfg.service_plan
+    if plan.critic_ranks:  # PPO: the critic's own trainer (the same body, a value head, no reference, no logits)
+        critic = cfg.ppo.critic
+        c = DTYPE_BYTES[critic.precision or cfg.policy.precision]
+        critic_micro = critic.train_micro_batch_size or micro
+        services.append(ServiceMemory("critic", 1, {
+            "parameters": n * c, "adam": 2 * n * c, "gradients": n * c,
+            "activations": critic_micro * length * shape.num_layers * shape.hidden_size
+            * ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN, "base": plan.critic_ranks * TRAINER_RANK_BASE},
+            training_only=("gradients", "activations")))  # it trains while the policy's trainer does
     if plan.generator_services:
         vllm = generation.vllm_cfg
         kv = (vllm.kv_cache_space_gib * GIB if vllm.kv_cache_space_gib is not None
               else kv_cache_bytes(shape, serving_dtype(cfg), vllm.max_num_seqs, vllm.max_model_len))
         services.append(ServiceMemory("generator", plan.generator_services, {
-            "weights": n * s, "kv cache": kv, "weight update": 2 * n * s + 2 * BUCKET_BYTES, "base": GENERATOR_BASE}))
+            "weights": n * s, "kv cache": kv, "weight update": 2 * n * s + 2 * BUCKET_BYTES, "base": GENERATOR_BASE},
+            not_while_training=("weights", "weight update") if cfg.generators_free_weights else ("weight update",)))
     services.append(ServiceMemory("coordinator", 1, {"base": COORDINATOR_BASE}))
     if plan.reward_tasks:
         services.append(ServiceMemory("reward", len(plan.reward_tasks), {"base": REWARD_BASE}))

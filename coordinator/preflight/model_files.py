@@ -34,6 +34,21 @@ def check_model_dir(model_dir: str | Path, key: str = "policy.model_name", *, to
         _check_tokenizer(root, key)
 
 
+def check_chat_template(model_dir: str | Path, key: str) -> None:
+    """Raise ConfigError if the checkpoint's tokenizer has no chat template (the rollout gateway
+    renders an agent's messages with it): neither chat_template.jinja nor a chat_template in
+    tokenizer_config.json."""
+    root = Path(model_dir)
+    if (root / "chat_template.jinja").is_file():
+        return
+    config = root / "tokenizer_config.json"
+    settings = _read_json(config, key, "tokenizer_config.json") if config.is_file() else {}
+    if not (isinstance(settings, dict) and settings.get("chat_template")):
+        raise ConfigError(f"{key}: agent tasks need a chat model, and {root} has no chat template (no "
+                          "chat_template.jinja, no chat_template in tokenizer_config.json); set policy.model_name "
+                          "to an instruct/chat checkpoint")
+
+
 def _read_json(path: Path, key: str, what: str) -> object:
     try:
         return json.loads(path.read_bytes().decode("utf-8"))

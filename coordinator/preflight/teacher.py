@@ -18,7 +18,7 @@ def check_teacher(cfg: ExperimentConfig, student_dir: str | None) -> str:
     assert distillation is not None and distillation.teacher.model_name is not None
     teacher_dir = distillation.teacher.model_name
     check_model_dir(teacher_dir, KEY)
-    teacher, student = _vocabulary(teacher_dir), _vocabulary(student_dir)
+    teacher, student = vocabulary(teacher_dir), vocabulary(student_dir)
     if teacher != student:
         differ = sorted(t for t in teacher.keys() | student.keys() if teacher.get(t) != student.get(t))
         raise ConfigError(f"{KEY}: the teacher's tokenizer ({len(teacher)} tokens) is not the policy's ({len(student)} "
@@ -41,7 +41,8 @@ def check_teacher_length(cfg: ExperimentConfig, longest_prompt: int) -> None:
                           "length), lower max_new_tokens, or drop the longest rows")
 
 
-def _vocabulary(model_dir: str | None) -> dict[str, int]:
+def vocabulary(model_dir: str | None) -> dict[str, int]:
+    """Token -> id of `model_dir`'s tokenizer (None: the embedded model's)."""
     if model_dir is None:
         from coordinator.embedded.tiny_model import char_tokenizer
 

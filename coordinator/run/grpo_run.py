@@ -30,7 +30,7 @@ from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read
 from coordinator.data.inputs import prepare_inputs
 from coordinator.data.tokens import Tokens
 from coordinator.launch.local import HostedService, LocalCluster
-from coordinator.launch.supervisor import trainer_dead
+from coordinator.launch.supervisor import dead_trainers
 from coordinator.loop.context import LoopContext
 from coordinator.loop.evaluation import validate
 from coordinator.loop.ledger import StepSamples
@@ -38,6 +38,7 @@ from coordinator.loop.scoring import check_tasks_configured
 from coordinator.membership.services import Services
 from coordinator.metrics.log import plot_curves
 from coordinator.run.base import RunBase
+from tandem.kinds import ServiceKind
 from tandem.rpc import RpcFailure
 
 
@@ -72,7 +73,8 @@ class Run(RunBase):
             loaded.update(tokens=tokens, train=read_examples(train_path, cfg.data, tokens),
                           val=read_examples(val_path, cfg.data, tokens, split=cfg.data.val_split) if val_path else [])
 
-        with self._services(model_dir, "services (trainer, generators, rewards)", adopt=self.resume_from is not None,
+        what = "trainer, critic" if cfg.service_plan.critic_ranks else "trainer"
+        with self._services(model_dir, f"services ({what}, generators, rewards)", adopt=self.resume_from is not None,
                             meanwhile=read_data) as (services, cluster):
             summary = self._phases(services, model_dir, loaded["tokens"], loaded["train"],
                                    loaded["val"][: cfg.grpo.max_val_samples], cluster)
@@ -137,12 +139,13 @@ class Run(RunBase):
                 train_grpo(ctx, self, rollouts, first_step=first_step)
                 return
             except Exception as exc:
-                if restarts >= self.cfg.cluster.max_trainer_restarts or not trainer_dead(ctx.services,
-                                                                                         cluster.launcher, exc):
+                dead = [] if restarts >= self.cfg.cluster.max_trainer_restarts else self._dead_trainers(ctx, cluster,
+                                                                                                         exc)
+                if not dead:
                     raise
                 restarts += 1
                 rollouts.stop()
-                first_step = self._restart_trainer(ctx, train, cluster, exc) + 1
+                first_step = self._restart_trainer(ctx, train, cluster, exc, dead) + 1
             finally:
                 rollouts.stop()
                 if ctx.agents is not None:
@@ -152,24 +155,37 @@ class Run(RunBase):
     def validates(self) -> bool:
         return bool(self._val)
 
-    def _restart_trainer(self, ctx: LoopContext, train, cluster: LocalCluster, exc: Exception) -> int:
-        """Relaunch the dead trainer, load the last checkpoint into it, publish the restored
-        weights as a new version; returns the checkpoint's step."""
+    def _dead_trainers(self, ctx: LoopContext, cluster: LocalCluster, exc: Exception) -> list[ServiceKind]:
+        """The trainer services (the policy's; a PPO run's critic too) that are gone: first those whose
+        process exited or that do not answer, else those whose process exits within a grace period
+        after the failed call (another rank's death: supervisor.trainer_dead)."""
+        kinds = [ServiceKind.TRAINER, *([ServiceKind.CRITIC] if self.cfg.ppo is not None else [])]
+        return dead_trainers(ctx.services, cluster.launcher, kinds, exc)
+
+    def _restart_trainer(self, ctx: LoopContext, train, cluster: LocalCluster, exc: Exception,
+                         dead: list[ServiceKind]) -> int:
+        """Relaunch the dead trainer services (`dead`: the policy's trainer, a PPO run's critic or
+        both), load the last checkpoint into the trainer and the critic (both go back to it, whichever
+        died), publish the restored weights as a new version; returns the checkpoint's step."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
-        self.log.warning("trainer_dead", error=f"{type(exc).__name__}: {exc}"[:500])
+        self.log.warning("trainer_dead", services=[str(k) for k in dead], error=f"{type(exc).__name__}: {exc}"[:500])
         if self._checkpoints is not None and (lost := self._checkpoints.settle()) is not None:
             self.log.warning("checkpoint_lost", error=str(lost)[:500])  # the one it was writing: not resumed from
         if store.latest(root) is None:
             raise RuntimeError(f"the trainer died before the run's first checkpoint (under {root}); nothing to "
                                f"resume from: lower checkpointing.save_period or restart the run") from exc
-        self.console.print("[yellow]the trainer died: relaunching it and resuming from the last checkpoint[/]")
+        names = " and the ".join(str(k) for k in dead)
+        self.console.print(f"[yellow]the {names} died: relaunching it and resuming from the last checkpoint[/]")
         self.status.update(phase="recovering")
         started = time.perf_counter()
-        cluster.restart_trainer()
+        for kind in dead:
+            cluster.restart_trainer(kind)
         relaunched = time.perf_counter() - started
-        fresh = LoopContext.connect(self.cfg, ctx.services, ctx.tokens, train, self.cfg.grpo.seed, self.log,
-                                    versions=self.status.versions)
-        ctx.publisher = fresh.publisher  # the new trainer hosts a new weight-sync store
+        if ServiceKind.TRAINER in dead:
+            fresh = LoopContext.connect(self.cfg, ctx.services, ctx.tokens, train, self.cfg.grpo.seed, self.log,
+                                        versions=self.status.versions)
+            ctx.publisher = fresh.publisher  # the new trainer hosts a new weight-sync store
+
         state = self._restore(ctx, *resuming.find(root), train)
         self.timings["trainer_restart_s"] = self.timings.get("trainer_restart_s", 0.0) + time.perf_counter() - started
         self.log.info("trainer_restarted", step=state.step, weight_version=ctx.publisher.version,
@@ -233,7 +249,8 @@ class Run(RunBase):
             self._checkpoints = store.CheckpointWriter(root, self.cfg.checkpointing.keep_top_k, self.log,
                                                        save_hf=self.cfg.checkpointing.save_hf,
                                                        max_failures=self.cfg.checkpointing.max_failed_saves)
-        saving = self._checkpoints.save(step, state.to_json(), ctx.services.trainer)  # written in the background
+        critic = ctx.services.critic if self.cfg.ppo is not None else None  # PPO: the critic's state with the policy's
+        saving = self._checkpoints.save(step, state.to_json(), ctx.services.trainer, critic)  # written in the background
         blocked = time.perf_counter() - started
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + blocked
         if saving is None:
@@ -265,7 +282,13 @@ class Run(RunBase):
         the trainer or the coordinator)."""
         started = time.perf_counter()
         ctx.services.trainer.load_checkpoint(str((path / "trainer").resolve()))
+        if self.cfg.ppo is not None:
+            if not (path / "critic").is_dir():
+                raise ValueError(f"{path} holds no critic/ (it was not written by a ppo run): resume a ppo run from "
+                                 "its own checkpoints")
+            ctx.services.critic.load_checkpoint(str((path / "critic").resolve()))
         generators = ctx.services.all_generators()
+
         version = resuming.resume_version(state.weight_version, [ctx.publisher.version, *_served(generators)])
         ctx.publish(generators, version=version)
         self.metrics.history = list(state.metrics)

@@ -29,7 +29,8 @@ Sleep (colocated on a GPU, engines/sleep.py): the engine starts in vLLM's sleep 
 waits for the calls in flight like a swap does, then releases the weights and KV cache; while
 anything sleeps Generate is refused, and a version may be loaded once the weights are woken
 (the scheduler stays paused by the sleep, so the swap does not pause or resume it: the last
-`wake_up` resumes generation).
+`wake_up` resumes generation). On CPU with free_weights_while_training, `sleep(2)` frees the
+weights instead (worker_extension.RELEASE); generation is refused until a version is loaded.
 
 Draining (the service was told to stop): new Generate calls are refused with a
 ConnectionError (UNAVAILABLE: the caller sends them elsewhere); the calls and any weight
@@ -49,9 +50,9 @@ from typing import Any
 
 from generator_svc.config import GeneratorSettings
 from generator_svc.engines.gate import SwapGate
-from generator_svc.engines.sleep import SleepState, memory_args
+from generator_svc.engines.sleep import SleepMode, SleepState, memory_args, sleep_mode
 from generator_svc.engines.vllm_outputs import sequence_scores, to_completion
-from generator_svc.worker_extension import APPLY, PREPARE_PIPELINE, RECEIVE_APPLY, STAGE
+from generator_svc.worker_extension import APPLY, PREPARE_PIPELINE, RECEIVE_APPLY, RELEASE, STAGE
 from tandem.generation.types import (
     Completion,
     GeneratorInfo,
@@ -79,7 +80,7 @@ class VllmEngine:
     """`GenerationEngine` over vLLM's AsyncLLM; build with `await VllmEngine.start(settings, log)`."""
 
     def __init__(self, llm: Any, settings: GeneratorSettings, engine_name: str, log: Any, *,
-                 sleep_mode: bool = False, exit_grace_s: float | None = None) -> None:
+                 sleep_mode: SleepMode = SleepMode.NONE, exit_grace_s: float | None = None) -> None:
         self._llm = llm
         self._exit_grace_s = exit_grace_s  # None: vLLM's default
         self._settings = settings
@@ -103,12 +104,12 @@ class VllmEngine:
         # Importing vLLM and building the engine block for that long; a thread keeps the event
         # loop (and so the gRPC health service) answering meanwhile.
         started = time.monotonic()
-        llm, engine_name, sleep_mode, exit_grace_s = await asyncio.to_thread(_build_async_llm, settings)
+        llm, engine_name, sleeps, exit_grace_s = await asyncio.to_thread(_build_async_llm, settings)
         built = time.monotonic()
         await llm.engine_core.set_weight_version_async("0")
         if settings.pipeline_parallel_size > 1:
             await llm.collective_rpc(PREPARE_PIPELINE)
-        engine = cls(llm, settings, engine_name, log, sleep_mode=sleep_mode, exit_grace_s=exit_grace_s)
+        engine = cls(llm, settings, engine_name, log, sleep_mode=sleeps, exit_grace_s=exit_grace_s)
         engine.vocab_size = llm.model_config.get_vocab_size()
         await engine._warm_up()
         log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1),
@@ -356,7 +357,12 @@ class VllmEngine:
     async def sleep(self, level: int) -> tuple[MemoryKind, ...]:
         self._sleep.check_sleep(level)
         async with self._swap_lock:
-            if not self._sleep.asleep:
+            if self._sleep.mode is SleepMode.FREE_WEIGHTS:
+                async with self._gate.swap():  # calls in flight finish first; those arriving wait, then are refused
+                    (freed, *_) = await self._llm.collective_rpc(RELEASE)
+                    self._sleep.slept(level)
+                self._log.info("generator_freed_weights", level=level, weight_version=self._version, **freed)
+            elif not self._sleep.asleep:
                 async with self._gate.swap():  # calls in flight finish first; those arriving wait, then are refused
                     await self._llm.sleep(level)
                     self._sleep.slept(level)
@@ -450,8 +456,8 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool, float | None]:
-    """The engine, its name, whether it runs in sleep mode and its process's exit grace."""
+def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, SleepMode, float | None]:
+    """The engine, its name, how it sleeps and its process's exit grace."""
     import vllm
     from vllm import AsyncEngineArgs
     from vllm.platforms import current_platform
@@ -485,4 +491,5 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, bool, float
     llm = AsyncLLM(vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
                    usage_context=UsageContext.ENGINE_CONTEXT)
     grace = CPU_EXIT_GRACE_S if on_cpu else None
-    return llm, f"vllm {vllm.__version__}", memory.get("enable_sleep_mode", False), grace
+    mode = sleep_mode(settings, current_platform.device_type, vllm_sleeps=memory.get("enable_sleep_mode", False))
+    return llm, f"vllm {vllm.__version__}", mode, grace

@@ -9,10 +9,20 @@ answer with the tool's result, so the GRPO episodes really call the tool. Every 
 recorded on its way back from the generator (GeneratorClient.generate, in this process) and every sample the trainer gets is
 recorded too: each trained (loss-mask 1) run of tokens must be exactly a completion the
 generator sampled for exactly the tokens before it, across turns.
+
+The same launch then runs the other example agents' recipes (their agent swapped in for the
+task's): examples/configs/agent_math_python.yaml (examples/agents/math_python_agent.py: tool code
+run in reward_svc/sandbox) and examples/configs/agent_guess_game.yaml (a multi-turn game on tool
+observations) for two GRPO steps each, examples/configs/agent_judge.yaml (examples/agents/
+judged_agent.py: the policy judged by itself through the gateway) for one. The tiny model is
+warmed to their formats too; it does not learn to copy the question's operands into its code,
+so the math agent's rewards stay near 0 here.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -29,47 +39,77 @@ from generator_svc.client import GeneratorClient
 
 pytestmark = pytest.mark.integration
 
-WARM_STEPS = 80
+WARM_STEPS = 120  # the game's tool calls parse in 12 of 32 samples at temperature 1 (7 after 80 steps)
 CALL = '<tool_call>{"name": "calc"}</tool_call>'  # arguments left out: {} (and the template writes them)
 AGENTS = Path(__file__).resolve().parents[2] / "examples" / "agents"
+RECIPES = Path(__file__).resolve().parents[2] / "examples" / "configs"
+STEPS = itertools.count(1)  # the launch's GRPO steps, across this module's tests
 
 
-def _warm_rows(examples: list[dict], tools: list[dict]) -> list[tuple[list[int], list[int]]]:
-    """The agent's protocol as (prompt, target) ids: turn 1 calls the tool, turn 2 repeats its
-    result (what a few SFT steps would teach, fitted in-process before the services start)."""
+def _guessed(messages: list[dict], n: int, observation: str) -> list[dict]:
+    call = {"type": "function", "id": "g", "function": {"name": "guess", "arguments": {"n": n}}}
+    return [*messages, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": observation}]
+
+
+def _warm_rows(examples: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """The example agents' protocols as (prompt, target) ids (what a few SFT steps would teach,
+    fitted in-process before the services start). calc_agent: turn 1 calls the tool, turn 2
+    repeats its result; math_python_agent: turn 1 calls python with the question as code, turn 2
+    repeats its output; judged_agent's judge: `Score: 1` for a right answer, `Score: 0` else;
+    guess_game_agent: the first two guesses of a binary search (the third is left to sampling)."""
+    from calc_agent import TOOLS as CALC_TOOLS
+    from guess_game_agent import TASK as GAME_TASK
+    from guess_game_agent import TOOLS as GAME_TOOLS
+    from judged_agent import JUDGE
+    from math_python_agent import TOOLS as PYTHON_TOOLS
     tok = build_chat_tokenizer()
 
-    def ids(messages):
+    def ids(messages, tools=None):
         text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return tok(text, add_special_tokens=False)["input_ids"]
 
     def target(text):
         return [*tok(text, add_special_tokens=False)["input_ids"], tok.eos_token_id]
 
+    def called(name, arguments):
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "c", "function": {"name": name, "arguments": arguments}}]}
+
     rows = []
-    for e in examples:
-        user = [{"role": "user", "content": e["prompt"].rstrip("=")}]
-        call = {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "id": "c", "function": {"name": "calc", "arguments": {}}}]}
-        rows.append((ids(user), target(CALL)))
-        rows.append((ids([*user, call, {"role": "tool", "content": e["answer"]}]), target(e["answer"])))
+    for i, e in enumerate(examples):
+        question = e["prompt"].rstrip("=")
+        user = [{"role": "user", "content": question}]
+        rows.append((ids(user, CALC_TOOLS), target(CALL)))
+        rows.append((ids([*user, called("calc", {}), {"role": "tool", "content": e["answer"]}], CALC_TOOLS),
+                     target(e["answer"])))
+        code = json.dumps({"name": "python", "arguments": {"code": question}})  # as the template writes it
+        rows.append((ids(user, PYTHON_TOOLS), target(f"<tool_call>{code}</tool_call>")))
+        rows.append((ids([*user, called("python", {"code": question}), {"role": "tool", "content": e["answer"]}],
+                         PYTHON_TOOLS), target(e["answer"])))
+        right = i % 2 == 0
+        answer = e["answer"] if right else str(int(e["answer"]) + 1 + i % 7)
+        rows.append((ids([{"role": "user", "content": JUDGE.prompt(question, answer, e["answer"])}]),
+                     target(f"Score: {int(right)}")))
+    game = [{"role": "user", "content": GAME_TASK}]  # guess_game_agent: 5 first, then 8 or 2 (its first two guesses
+    for messages, guess in ((game, 5), (_guessed(game, 5, "higher"), 8), (_guessed(game, 5, "lower"), 2)):
+        call = json.dumps({"name": "guess", "arguments": {"n": guess}})  # of a binary search, 3 prompts repeated)
+        rows += [(ids(messages, GAME_TOOLS), target(f"<tool_call>{call}</tool_call>"))] * 60
     return rows
 
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, start_loop):
-    sys.path.insert(0, str(AGENTS))  # the example agent, as PYTHONPATH=examples/agents puts it
-    from calc_agent import TOOLS
+    sys.path.insert(0, str(AGENTS))  # the example agents, as PYTHONPATH=examples/agents puts it
     root = tmp_path_factory.mktemp("agent")
     train, _ = make_arithmetic_splits(seed=0, num_train=200, num_val=0)
     train_path = write_jsonl(root / "train.jsonl", [{**r, "task": "agent"} for r in train])
-    model_dir = str(ensure_tiny_chat_model(root / "cache", name="calc-agent", warm_rows=_warm_rows(train, TOOLS),
+    model_dir = str(ensure_tiny_chat_model(root / "cache", name="example-agents", warm_rows=_warm_rows(train),
                                            warm_steps=WARM_STEPS))
     cfg = load_config(raw={"env": {"agent": {"agent": {"function": "calc_agent.episode", "timeout_s": 60}}}},
                       overrides=["cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
                                  "logger.tensorboard_enabled=false", "data.dataset_name=jsonl",
                                  "data.default_task=agent", "data.prompt_format=raw", f"data.train_path={train_path}",
-                                 f"policy.model_name={model_dir}", "policy.max_total_sequence_length=160",
+                                 f"policy.model_name={model_dir}", "policy.max_total_sequence_length=256",
                                  "policy.generation.max_new_tokens=40", "grpo.num_prompts_per_step=4",
                                  "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
                                  "policy.train_micro_batch_size=16"])
@@ -82,26 +122,10 @@ def loop(tmp_path_factory, start_loop):
 
 def test_an_openai_agent_trains_on_exactly_the_sampled_tokens(loop, monkeypatch):
     ctx = loop
-    sampled: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-    original = GeneratorClient.generate
-
-    def recording(self, prompts, sampling, *args, **kwargs):
-        for completion in original(self, prompts, sampling, *args, **kwargs):
-            sampled.setdefault(tuple(prompts[completion.prompt_index]), []).append(completion.token_ids)
-            yield completion
-
-    trained = []
-    train_step = ctx.services.trainer.train_step
-
-    def recording_train(samples, *args, **kwargs):
-        trained.extend(samples)
-        return train_step(samples, *args, **kwargs)
-
-    monkeypatch.setattr(GeneratorClient, "generate", recording)
-    monkeypatch.setattr(ctx.services.trainer, "train_step", recording_train)
+    sampled, trained = _recording(ctx, monkeypatch)
     tool_calls = 0
-    for step in (1, 2):
-        metrics = grpo_step(ctx, step)
+    for _ in range(2):
+        metrics = grpo_step(ctx, next(STEPS))
         assert metrics["num_samples"] == 16 and metrics["agent/agent_episodes"] == 16
         assert metrics["agent/agent_errors"] == metrics["agent/agent_timeouts"] == 0, metrics
         assert metrics["agent/model_turns"] == 32  # two model turns per episode
@@ -112,18 +136,125 @@ def test_an_openai_agent_trains_on_exactly_the_sampled_tokens(loop, monkeypatch)
 
     assert len(trained) == 32
     for sample in trained:
-        ids, start = list(sample.token_ids), sample.prompt_length
-        mask = list(sample.loss_mask)
-        runs, at = [], 0
-        while at < len(mask):
-            if mask[at] == 1.0:
-                end = at
-                while end < len(mask) and mask[end] == 1.0:
-                    end += 1
-                runs.append((start + at, start + end))
-                at = end
-            else:
-                at += 1
-        assert len(runs) == 2, mask  # the episode's two model turns, separated by the tool/user message
-        for begin, end in runs:  # each trained run is a sampled completion of exactly the tokens before it
-            assert tuple(ids[begin:end]) in sampled.get(tuple(ids[:begin]), []), (begin, end)
+        runs = _trained_runs(sample)
+        assert len(runs) == 2, sample.loss_mask  # the episode's two model turns, separated by the tool/user message
+        _assert_sampled(runs, list(sample.token_ids), sampled)
+
+
+def _trained_runs(sample) -> list[tuple[int, int]]:
+    """The sample's runs of loss-mask-1 tokens, as [begin, end) positions in its token_ids."""
+    mask, start = list(sample.loss_mask), sample.prompt_length
+    runs, at = [], 0
+    while at < len(mask):
+        if mask[at] == 1.0:
+            end = at
+            while end < len(mask) and mask[end] == 1.0:
+                end += 1
+            runs.append((start + at, start + end))
+            at = end
+        else:
+            at += 1
+    return runs
+
+
+def _assert_sampled(runs, ids, sampled) -> None:
+    for begin, end in runs:  # each trained run is a sampled completion of exactly the tokens before it
+        assert tuple(ids[begin:end]) in sampled.get(tuple(ids[:begin]), []), (begin, end)
+
+
+def _recording(ctx, monkeypatch):
+    """(what the generators sampled per prompt, the samples the trainer got), from now on."""
+    sampled: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    original, train_step, trained = GeneratorClient.generate, ctx.services.trainer.train_step, []
+
+    def generate(self, prompts, sampling, *args, **kwargs):
+        for completion in original(self, prompts, sampling, *args, **kwargs):
+            sampled.setdefault(tuple(prompts[completion.prompt_index]), []).append(completion.token_ids)
+            yield completion
+
+    def train(samples, *args, **kwargs):
+        trained.extend(samples)
+        return train_step(samples, *args, **kwargs)
+
+    monkeypatch.setattr(GeneratorClient, "generate", generate)
+    monkeypatch.setattr(ctx.services.trainer, "train_step", train)
+    return sampled, trained
+
+
+def _use_recipe_agent(ctx, monkeypatch, recipe: str) -> None:
+    """The recipe's agent (loaded as `tandem run` loads the recipe) for the launch's agent task."""
+    cfg = load_config(RECIPES / recipe)
+    (env,) = [env for env in cfg.env.values() if env.served_by_agent]
+    monkeypatch.setattr(ctx.cfg.env["agent"], "agent", env.agent)
+
+
+def test_the_guess_game_recipe_plays_several_turns_on_tool_observations(loop, monkeypatch, capsys):
+    ctx = loop
+    _use_recipe_agent(ctx, monkeypatch, "agent_guess_game.yaml")
+    sampled, trained = _recording(ctx, monkeypatch)
+    rewards, turns, guesses = [], 0, 0
+    for _ in range(2):
+        metrics = grpo_step(ctx, next(STEPS))
+        assert metrics["num_samples"] == 16 and metrics["agent/agent_errors"] == 0, metrics
+        assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
+        rewards.append(metrics["reward_mean"])
+        turns += metrics["agent/model_turns"]
+        guesses += metrics["agent/tool_calls"]
+    assert guesses >= 4, "the warm-started model should guess through the tool in some of its 32 games"
+    assert turns > 32, "games of more than one guess: the observations came back and the model guessed again"
+    for sample in trained:
+        _assert_sampled(_trained_runs(sample), list(sample.token_ids), sampled)
+    with capsys.disabled():
+        print(f"\nguess_game_agent: reward_mean per step {rewards}, {guesses:.0f} guesses, {turns:.0f} model turns "
+              "in 32 games")
+
+
+def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypatch, capsys):
+    import math_python_agent
+    ctx = loop
+    _use_recipe_agent(ctx, monkeypatch, "agent_math_python.yaml")
+    runs = []
+    run_python = math_python_agent.run_python
+
+    async def recording(code):
+        runs.append((code, await run_python(code)))
+        return runs[-1][1]
+
+    monkeypatch.setattr(math_python_agent, "run_python", recording)
+    sampled, trained = _recording(ctx, monkeypatch)
+    rewards = []
+    for _ in range(2):
+        metrics = grpo_step(ctx, next(STEPS))
+        # three turns of long code and tracebacks may not fit the tiny model's 256 positions: such an
+        # episode's last call is refused (400, out of room) and counted; no other failure is expected
+        assert metrics["num_samples"] == 16, metrics
+        assert metrics["agent/agent_errors"] == metrics["agent/ended_refused_call"] <= 2, metrics
+        assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
+        rewards.append(metrics["reward_mean"])
+    assert len(runs) >= 3, "the warm-started model should call the python tool in some of its 32 episodes"
+    sums = [(code, out) for code, out in runs if code.count("+") == 1 and all(
+        part.isdigit() and part == str(int(part)) for part in code.split("+"))]  # a+b, no leading zeros
+    assert sums and all(out == str(sum(map(int, code.split("+")))) for code, out in sums), runs  # the sandbox ran it
+    for sample in trained:
+        _assert_sampled(_trained_runs(sample), list(sample.token_ids), sampled)
+    with capsys.disabled():
+        print(f"\nmath_python_agent: reward_mean per step {rewards}, {len(runs)} tool runs, e.g. {runs[:3]}")
+
+
+def test_the_judge_recipe_scores_through_the_gateway_without_training_on_the_judge(loop, monkeypatch, capsys):
+    ctx = loop
+    _use_recipe_agent(ctx, monkeypatch, "agent_judge.yaml")
+    sampled, trained = _recording(ctx, monkeypatch)
+    metrics = grpo_step(ctx, next(STEPS))
+    assert metrics["agent/side_calls"] == 16 and metrics["agent/model_turns"] == 16, metrics  # the judge: not turns
+    parsed = 16 - metrics["agent/ended_judge_unparsable"]
+    assert metrics["agent/agent_errors"] == metrics["agent/ended_judge_unparsable"], metrics
+    assert parsed >= 4, "the warm-started judge should write a score line in some of its replies"
+    assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
+    for sample in trained:  # one trained run per episode: the policy's answer, never the judge's reply
+        runs = _trained_runs(sample)
+        assert len(runs) == 1
+        _assert_sampled(runs, list(sample.token_ids), sampled)
+    with capsys.disabled():
+        print(f"\njudged_agent: reward_mean {metrics['reward_mean']}, {parsed:.0f}/16 judge replies parsed")
+

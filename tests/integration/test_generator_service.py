@@ -63,7 +63,8 @@ def env(tmp_path_factory):
     model_b, _ = build_model(root / "B", seed=1)
     settings = root / "generator.json"
     settings.write_text(json.dumps({"model_name": str(root / "A"), "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 64,
-                                    "seed": 0, "scratch_dir": str(root / "s"), "cpu_engine_start": "spawn"}))
+                                    "seed": 0, "scratch_dir": str(root / "s"), "cpu_engine_start": "spawn",
+                                    "free_weights_while_training": True}))
     started = time.monotonic()
     service = procs.start(procs.python_module("generator_svc", "--settings", str(settings)), root, "generator",
                           timeout_s=300)
@@ -335,6 +336,29 @@ def test_failed_updates_keep_or_withdraw_the_served_version(env):
     assert push(client, sender, state, epoch=4, version=2) == 2
     assert check_health(address, SERVICE)
     check_matches_hf(client, env["B"], prompts(env["tokenizer"], 2), version=2)
+
+
+def test_freed_weights_refuse_generation_until_a_complete_version_rebuilds_them(env):
+    """CPU generators free their weights while the trainer trains (Sleep level 2,
+    generator_svc/free_weights.py): generation is refused, a version that leaves a freed layer
+    without tensors is not served, and a complete one serves exactly what HF computes."""
+    client, sender, address = env["client"], env["sender"], env["service"].address
+    state = {k: v.detach().contiguous() for k, v in env["B"].state_dict().items()}
+    assert client.info().weight_version == 2
+    assert client.sleep(2) == ()  # nothing asleep: the KV cache stays
+    with pytest.raises(RpcFailure) as err:
+        list(client.generate([[1, 5]], SamplingConfig(n=1, temperature=0.0, max_tokens=2), timeout_s=30))
+    assert err.value.status is Status.FAILED_PRECONDITION and "freed" in err.value.details
+    with pytest.raises(RpcFailure) as err:  # level 1 would offload to host memory: refused on CPU
+        client.sleep(1)
+    assert err.value.status is Status.FAILED_PRECONDITION
+    holed = {k: v for k, v in state.items() if k != "model.layers.0.mlp.down_proj.weight"}
+    with pytest.raises(RpcFailure) as err:
+        push(client, sender, holed, epoch=5, version=3)
+    assert "model.layers.0.mlp.down_proj" in err.value.details and not check_health(address, SERVICE)
+    assert push(client, sender, state, epoch=6, version=3) == 3
+    assert check_health(address, SERVICE)
+    check_matches_hf(client, env["B"], prompts(env["tokenizer"], 2), version=3)
 
 
 def test_requests_the_engine_cannot_run_are_invalid_arguments(env):

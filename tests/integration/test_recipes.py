@@ -13,7 +13,9 @@ real services on 127.0.0.1, exactly as `tandem run RECIPE` runs it (only sizes s
   prompts, on-policy (the generator serves the merged weights);
 - distillation.yaml: an untrained student distilled from a teacher served by its own generator
   service (the embedded model fine-tuned briefly, coordinator/embedded/teacher.py) lowers its
-  per-token reverse KL to the teacher.
+  per-token reverse KL to the teacher;
+- ppo.yaml: PPO with a critic service raises the reward of an untrained policy while the critic's
+  value loss falls, and its checkpoint holds the critic beside the policy.
 The MoE recipe (grpo_moe_megatron.yaml) runs in tests/integration/test_moe_grpo.py, on a tiny
 MoE checkpoint built there.
 """
@@ -22,8 +24,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +39,7 @@ from coordinator.api import GRPOTrainer
 from reward_svc.client import RewardClient
 from reward_svc.types import ScoreItem
 from tests import procs
+from tests.integration import run_files
 
 pytestmark = pytest.mark.integration
 
@@ -200,6 +207,82 @@ def test_distillation_recipe_lowers_the_reverse_kl_to_the_teacher(tmp_path, monk
     settings = json.loads((Path(summary["run_dir"]) / "services" / "teacher-0.json").read_text())
     assert settings["teacher"] is True and settings["model_name"] == str(teacher)
     assert_exported_model_generates(summary)
+
+
+PPO_SIZES = {"grpo.max_num_steps": 6, "grpo.num_prompts_per_step": 8, "grpo.num_generations_per_prompt": 4,
+             "policy.train_global_batch_size": 32, "policy.train_micro_batch_size": 32, "policy.optimizer.kwargs.lr": 1e-3,
+             "sft.max_num_steps": 0, "grpo.val_at_start": False, "grpo.val_period": 0, "grpo.max_val_samples": 16,
+             "checkpointing.save_period": 3, "ppo.critic.train_global_batch_size": 8, "ppo.critic.num_ranks": 2,
+             "cluster.trainer_ranks": 1, "cluster.restart_backoff_s": 0.5}
+PPO_COMPARED = ["loss", "reward_mean", "grad_norm", "value_mean", "return_mean", "explained_variance",
+                "advantage_abs_mean", "critic_value_loss", "critic_grad_norm", "critic_value_mean"]
+
+
+def test_ppo_recipe_trains_the_policy_and_its_critic_and_resumes_both_exactly(tmp_path, monkeypatch, home):
+    """An uninterrupted run of 6 steps, then the same run resumed from its step-3 checkpoint, whose
+    critic loses its rank 1 (kill -9) after step 4: the critic is relaunched and both services go
+    back to the step-3 checkpoint again. Steps 4-6 equal the uninterrupted run's."""
+    from coordinator.run.create import create_run
+    from reward_svc.hosted import FunctionRewardService
+
+    digit = {"arithmetic": starts_with_a_digit}
+    summary = _run("ppo", tmp_path, monkeypatch, home, reward_fns=digit, **PPO_SIZES)
+    assert summary["algorithm"] == "ppo"
+    rows = _rows(summary, "grpo")
+    rewards = [r["reward_mean"] for r in rows]
+    print("reward_mean:", [round(r, 3) for r in rewards], "critic value_mean - return_mean:",
+          [round(r["value_mean"] - r["return_mean"], 3) for r in rows])
+    assert len(rows) == 6 and all(abs(r["token_mult_prob_error"] - 1.0) < 0.01 for r in rows)
+    assert sum(rewards[-2:]) / 2 > rewards[0] + 0.05, rewards  # measured: 0.06 -> 0.19
+    # the fresh value head values every token at 0; trained, the critic's mean value follows the returns
+    assert rows[0]["value_mean"] == 0.0 and all(r["critic_value_loss"] > 0 for r in rows)
+    error = [abs(r["value_mean"] - r["return_mean"]) for r in rows[1:]]
+    assert sum(error) < sum(r["return_mean"] for r in rows[1:]), rows  # below the untrained head's error
+    run_dir = Path(summary["run_dir"])
+    for step in (3, 6):
+        checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+        assert (checkpoint / "critic").is_dir() and (checkpoint / "trainer").is_dir(), list(checkpoint.parent.iterdir())
+    assert json.loads((run_dir / "services" / "critic.json").read_text())["value_model_cfg"]["enabled"] is True
+    assert_exported_model_generates(summary)
+
+    # as if the run crashed after its step-3 checkpoint: steps 4-6 again, from the policy's and the critic's state
+    resumed_dir = run_dir.parent / "ppo-resumed"
+    shutil.copytree(run_dir, resumed_dir, ignore=shutil.ignore_patterns("summary.json", "hf", "step_000006"))
+    (resumed_dir / "checkpoints" / "latest").write_text("step_000003")
+    trainer = GRPOTrainer(RECIPES / "ppo.yaml", reward_fns=digit, **{
+        **PPO_SIZES, "logger.log_dir": str(run_dir.parent), "logger.run_name": "ppo-resumed",
+        "logger.tensorboard_enabled": False, "logger.plot_enabled": False})
+    run = create_run(trainer.config, trainer.console, resume=True)
+    run.hosted = [FunctionRewardService(task, fn, run.log) for task, fn in digit.items()]
+    killer = threading.Thread(target=_kill_critic_rank_after_step_4, args=(resumed_dir,), daemon=True)
+    killer.start()
+    try:
+        run.execute()
+    finally:
+        run_files.kill_services(resumed_dir)
+    killer.join(timeout=10)
+    events = run_files.events(resumed_dir)
+    # resumed (not started again) from step 3, and once more from step 3 after the critic's rank died
+    assert [e["step"] for e in events if e["event"] == "resumed"] == [3, 3]
+    assert [e["services"] for e in events if e["event"] == "trainer_dead"] == [["critic"]]
+    assert [e["step"] for e in events if e["event"] == "trainer_restarted"] == [3]
+    again = [json.loads(line) for line in (resumed_dir / "metrics.jsonl").read_text().splitlines()]
+    again = [r for r in again if r["phase"] == "grpo"]
+    assert [r["step"] for r in again] == [1, 2, 3, 4, 5, 6]
+    for before, after in zip(rows[3:], again[3:]):
+        for key in PPO_COMPARED:
+            assert abs(before[key] - after[key]) <= 1e-5, (before["step"], key, before[key], after[key])
+
+
+def _kill_critic_rank_after_step_4(run_dir: Path, timeout_s: float = 600.0) -> None:
+    """SIGKILL the critic's torchrun rank 1 once the resumed run has logged its step 4."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        resumed = any(e["event"] == "resumed" for e in run_files.events(run_dir))
+        if resumed and 4 in run_files.grpo_steps(run_dir):
+            os.kill(run_files.torchrun_rank(run_files.services(run_dir)["critic"], 1), signal.SIGKILL)
+            return
+        time.sleep(0.05)
 
 
 def test_recipe_mistakes_are_one_clear_error_from_the_cli(tmp_path):

@@ -20,6 +20,17 @@ from trainer_svc.config.megatron import MegatronSettings  # pydantic only: no to
 from trainer_svc.config.megatron import megatron_conversion_problem as megatron_conversion_problem
 
 
+class ModelHead(str, Enum):
+    """What the trainer's model outputs, resolved once from its settings (`TrainerSettings.model_head`)."""
+
+    LM = "lm"
+    """A causal LM's logits: token logprobs (a policy)."""
+    SEQUENCE_SCORE = "sequence_score"
+    """One score per sequence (reward_model_cfg.enabled: a Bradley-Terry reward model)."""
+    TOKEN_VALUE = "token_value"
+    """One value per token (value_model_cfg.enabled: a PPO critic)."""
+
+
 class TrainingBackend(str, Enum):
     """The training backend, resolved once where settings are loaded (`resolve_backend`)."""
 
@@ -46,7 +57,9 @@ class OptimizerSettings(_Strict):
 
 class DTensorSettings(_Strict):
     """The DTensor/FSDP2 backend (NeMo-RL's `policy.dtensor_cfg` keys): a (dp, tp) mesh over all
-    ranks; tensor parallel over "tp", every decoder layer and the root `fully_shard`ed over "dp"."""
+    ranks; tensor parallel over "tp", every decoder layer and the root `fully_shard`ed over "dp".
+    One rank training in float32 without CPU offload runs the plain model instead (same numbers,
+    none of FSDP2's per-layer copies: trainer_svc/backends/dtensor/model.py `needs_fsdp`)."""
 
     enabled: bool = True
     """Use this backend (megatron_cfg.enabled wins when both are set)."""
@@ -119,6 +132,16 @@ class RewardModelTrainingSettings(_Strict):
     """The preference model; Bradley-Terry is the only one."""
 
 
+class ValueModelSettings(_Strict):
+    """A PPO critic: the checkpoint's transformer with a value head, one scalar per token."""
+
+    enabled: bool = False
+    """Load model_name as a one-output token classifier (AutoModelForTokenClassification, num_labels=1,
+    no dropout): the hidden state of every position through a linear layer. A causal-LM checkpoint
+    gets a fresh head, initialised to zero (every value starts at 0); a checkpoint with the head
+    keeps it. It serves ComputeValues and trains only with the value loss."""
+
+
 class GenerationSettings(_Strict):
     """Serve generation from the trainer's own model (the coordinator's policy.generation.backend:
     megatron): rank 0 also serves `tandem.generator.v1.GeneratorService` and registers as a generator."""
@@ -150,6 +173,8 @@ class TrainerSettings(_Strict):
     """DTensor/FSDP2 backend settings."""
     reward_model_cfg: RewardModelTrainingSettings = RewardModelTrainingSettings()
     """Reward-model training (a sequence classifier instead of a causal LM)."""
+    value_model_cfg: ValueModelSettings = ValueModelSettings()
+    """A PPO critic (a per-token value model instead of a causal LM)."""
     sequence_packing: SequencePackingSettings = SequencePackingSettings()
     """Sequence packing of micro-batches."""
     megatron_cfg: MegatronSettings = MegatronSettings()
@@ -197,6 +222,16 @@ class TrainerSettings(_Strict):
         if self.generation.enabled and self.megatron_cfg.context_parallel_size > 1:
             raise ValueError("generation.enabled (policy.generation.backend: megatron) decodes whole rows: set "
                              "megatron_cfg.context_parallel_size to 1 or generate with vLLM")
+        if self.reward_model_cfg.enabled and self.value_model_cfg.enabled:
+            raise ValueError("reward_model_cfg.enabled and value_model_cfg.enabled are exclusive: a trainer holds a "
+                             "reward model or a critic; set one of them to false")
+        if self.value_model_cfg.enabled and (self.backend is not TrainingBackend.DTENSOR or self.generation.enabled
+                                             or self.sequence_packing.enabled or self.dtensor_cfg.lora_cfg.enabled
+                                             or self.dtensor_cfg.tensor_parallel_size > 1):
+            raise ValueError("value_model_cfg.enabled (a PPO critic) trains on the DTensor backend without tensor "
+                             "parallel, sequence packing, LoRA or generation for now: set megatron_cfg.enabled=false, "
+                             "dtensor_cfg.tensor_parallel_size=1, sequence_packing.enabled=false, "
+                             "dtensor_cfg.lora_cfg.enabled=false")
         if self.backend is TrainingBackend.DTENSOR:
             dtensor = self.dtensor_cfg
             if dtensor.lora_cfg.enabled and self.reward_model_cfg.enabled:
@@ -207,8 +242,16 @@ class TrainerSettings(_Strict):
                                  "sequence_packing.enabled=false (and reward_model_cfg.enabled=false)")
         return self
 
+    @property
+    def model_head(self) -> ModelHead:
+        """The model's head (ModelHead), from reward_model_cfg / value_model_cfg."""
+        if self.reward_model_cfg.enabled:
+            return ModelHead.SEQUENCE_SCORE
+        return ModelHead.TOKEN_VALUE if self.value_model_cfg.enabled else ModelHead.LM
 
-def resolve_backend(dtensor: DTensorSettings, megatron: MegatronSettings, *, prefix: str = "") -> TrainingBackend:
+
+def resolve_backend(
+dtensor: DTensorSettings, megatron: MegatronSettings, *, prefix: str = "") -> TrainingBackend:
     """NeMo-RL's rule: Megatron when megatron_cfg.enabled (with a warning if DTensor is enabled
     too), else DTensor when dtensor_cfg.enabled, else an error naming both keys (after `prefix`,
     "policy." in an experiment config)."""

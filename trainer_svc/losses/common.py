@@ -18,6 +18,7 @@ class LossInputs:
     generation_logprobs: the generator's logprobs of the sampled tokens.
     reference_logprobs: logprobs under the frozen reference policy.
     teacher_logprobs: logprobs under a distillation teacher (trainer_svc/losses/distillation.py).
+    returns, old_values: a critic's targets and its values at rollout time (trainer_svc/losses/value.py).
     Tensors that a loss does not need may be None.
     """
 
@@ -27,6 +28,8 @@ class LossInputs:
     generation_logprobs: torch.Tensor | None = None
     reference_logprobs: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class LossFn:
     takes_sequence_scores: bool = False
     """True: the first argument is one score per sequence [B] (a sequence classifier's scalar
     head) instead of token logprobs [B, T-1]."""
+    takes_token_values: bool = False
+    """True: the first argument is a value model's scalar per token [B, T-1] (a critic; column j
+    holds the value of the state of tokens 0..j, from which token j+1 is sampled) instead of
+    token logprobs."""
 
     def __call__(self, curr_logprobs: torch.Tensor, inputs: LossInputs, num_global_tokens: float,
                  num_global_sequences: float | None = None) -> LossOutput:

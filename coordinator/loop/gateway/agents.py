@@ -3,10 +3,14 @@
 episode's token; every model call it makes is recorded by the gateway (episodes.py).
 
 The agents run in the coordinator process, on an asyncio loop of the rollout's thread, at most
-`max_concurrency` at a time, each within `timeout_s`. An agent that raises or times out ends its
-episode with reward 0 and a counted reason (agent_errors, agent_timeouts); an agent that made
-no model call gives an empty episode (no_model_turns) that the trainer ignores (loss mask 0).
-Nothing an agent does ends the run.
+`max_concurrency` at a time, each within `timeout_s`. An agent that raises, times out or returns
+something other than a reward ends its episode with reward 0 and a counted reason (`EndReason`:
+one metric per reason, agent/ended_<reason>, and the totals agent_timeouts, agent_errors); its
+model turns are still trained, with that reward. An agent that made no model call gives an
+empty episode (no_model_turns) that the trainer ignores (loss mask 0). Nothing an agent does
+ends the run. A generator that dies during a call is not the agent's failure: the call's turn
+is re-sent to a live generator (loop/rollout.py `generate`, the gateway's `generate`); only when
+none is left does the call fail (HTTP 503, counted as no_generator).
 
 The trainer gets a group's episodes under one prompt: the longest prefix their first calls'
 prompts share (an agent may render each episode's prompt differently); the rest of each
@@ -16,15 +20,41 @@ episode's own prompt comes after it, masked out, before its first model turn.
 from __future__ import annotations
 
 import asyncio
+import math
 import numbers
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from coordinator.data.examples import Example
 from coordinator.loop.gateway.episodes import EpisodeRecord
+from coordinator.loop.gateway.judge import UnparsableJudgement
 from coordinator.loop.gateway.service import RolloutGateway
 from coordinator.loop.multiturn import OBSERVATION_LOGPROB, Episode
+
+
+class EndReason(StrEnum):
+    """Why an agent's episode ended without a reward (each is counted: agent/ended_<value>)."""
+
+    TIMEOUT = "timeout"
+    """It ran past env.<task>.agent.timeout_s."""
+    ERROR = "error"
+    """The agent (its own code, a tool) raised."""
+    BAD_RETURN = "bad_return"
+    """It returned something other than a finite number or (finite number, dict)."""
+    REFUSED_CALL = "refused_call"
+    """A model call of it was refused by the gateway (HTTP 4xx: a request the gateway cannot serve
+    as sent, e.g. messages that do not continue the episode, or an episode out of room) and it
+    did not handle the error."""
+    NO_GENERATOR = "no_generator"
+    """A model call of it failed because no generator could serve it (HTTP 503)."""
+    JUDGE_UNPARSABLE = "judge_unparsable"
+    """Its judge's reply held no score in range (judge.py UnparsableJudgement), not handled."""
+
+
+class BadReturn(TypeError):
+    """An agent returned something that is not a reward."""
 
 
 @dataclass
@@ -32,8 +62,8 @@ class AgentOutcome:
     record: EpisodeRecord
     reward: float = 0.0
     correct: bool = False
-    reason: str | None = None
-    """None: the agent returned; else why the episode ended (timeout, error)."""
+    reason: EndReason | None = None
+    """None: the agent returned a reward; else why the episode ended without one."""
     info: dict = field(default_factory=dict)
 
 
@@ -62,13 +92,16 @@ async def _run(gateway, url, fn, examples, n, timeout_s, max_concurrency, log,
                 outcome.reward, outcome.info = _reward(result)
                 outcome.correct = bool(outcome.info.get("correct", outcome.reward > 0))
             except TimeoutError:
-                outcome.reason = "timeout"
+                outcome.reason = EndReason.TIMEOUT
+                outcome.info = {"error": f"the episode ran past its time limit of {timeout_s} s "
+                                         "(env.<task>.agent.timeout_s)"}
             except Exception as exc:  # noqa: BLE001 (user code: any failure ends the episode, never the run)
-                outcome.reason = "error"
+                outcome.reason = end_reason(exc)
                 outcome.info = {"error": repr(exc)}
-                if log is not None:
-                    log.warning("agent_failed", task=example.task, error=repr(exc))
             finally:
+                if outcome.reason is not None and log is not None:
+                    log.warning("agent_episode_failed", task=example.task, reason=outcome.reason.value,
+                                error=outcome.info.get("error"))
                 await client.close()
                 await asyncio.to_thread(gateway.close_episode, record.token)
             return outcome
@@ -83,23 +116,51 @@ def _reward(result) -> tuple[float, dict]:
     else:
         reward, info = result, {}
     if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
-        raise TypeError(f"an agent returns a number (or (number, dict)); got {type(reward).__name__}")
+        raise BadReturn(f"an agent returns a number (or (number, dict)); got {type(reward).__name__}")
+    if not math.isfinite(reward):
+        raise BadReturn(f"an agent returns a finite reward; got {reward}")
     return float(reward), dict(info)
 
 
+def end_reason(exc: BaseException) -> EndReason:
+    """The reason an agent's exception ends its episode: a model call the gateway refused or could
+    not serve (the openai client's status errors, also when the agent wrapped them), else its own."""
+    import openai
+
+    if isinstance(exc, BadReturn):
+        return EndReason.BAD_RETURN
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, UnparsableJudgement):
+            return EndReason.JUDGE_UNPARSABLE
+        if isinstance(exc, openai.APIStatusError):
+            if exc.status_code == 503:
+                return EndReason.NO_GENERATOR
+            if 400 <= exc.status_code < 500:
+                return EndReason.REFUSED_CALL
+        exc = exc.__cause__ or exc.__context__
+    return EndReason.ERROR
+
+
 def outcome_metrics(groups: list[list[AgentOutcome]]) -> Counter[str]:
-    """Counts of the round: episodes that timed out or raised, ran no model call, the calls'
-    malformed tool calls and turns whose template re-rendering differs from the recorded tokens."""
+    """Counts of the round: episodes that ended without a reward, per reason (ended_<reason>) and
+    in total (agent_timeouts; agent_errors: every other reason), episodes that ran no model call,
+    the calls' malformed tool calls, turns whose template re-rendering differs from the recorded
+    tokens, and side calls (a judge's: judge.py)."""
     counts: Counter[str] = Counter()
     for o in (o for group in groups for o in group):
         counts["agent_episodes"] += 1
-        counts["agent_timeouts"] += o.reason == "timeout"
-        counts["agent_errors"] += o.reason == "error"
+        counts["agent_timeouts"] += o.reason is EndReason.TIMEOUT
+        counts["agent_errors"] += o.reason is not None and o.reason is not EndReason.TIMEOUT
+        for reason in EndReason:
+            counts[f"ended_{reason.value}"] += o.reason is reason
         counts["no_model_turns"] += not o.record.turns
         counts["malformed_tool_calls"] += o.record.malformed_tool_calls
         counts["retokenize_mismatches"] += o.record.retokenize_mismatches
         counts["model_turns"] += len(o.record.turns)
         counts["tool_calls"] += o.record.tool_calls
+        counts["side_calls"] += o.record.side_calls
     return counts
 
 

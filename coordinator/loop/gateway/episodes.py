@@ -25,6 +25,7 @@ the previous prompt + completion text, and only the rest is tokenized.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Sequence
@@ -92,6 +93,8 @@ class EpisodeRecord:
     choices: list[Choice] = field(default_factory=list)
     """The last call's choices; the one the next call continues is committed then (or choice 0 at the end)."""
     retokenize_mismatches: int = 0
+    side_calls: int = 0
+    """Calls served without being recorded (a judge: judge.py)."""
     malformed_tool_calls: int = 0
     tool_calls: int = 0
     """Tool calls parsed from the replies the episode continued (or its last)."""
@@ -133,18 +136,8 @@ class EpisodeRecord:
 
     def chat_choices(self, tok: ChatTokenizer, completions: list[Completion]) -> list[Choice]:
         """The call's choices (tool calls parsed), kept until the next call picks one."""
-        self.choices = []
-        for completion in completions:
-            text = tok.decode(list(completion.token_ids), skip_special_tokens=True)
-            parsed = parse_tool_calls(text)
-            self.malformed_tool_calls += parsed.malformed
-            message = {"role": "assistant", "content": parsed.content}
-            if parsed.tool_calls:
-                message["tool_calls"] = [{"id": f"call_{len(self.turns)}_{completion.sample_index}_{i}",
-                                          "type": "function",
-                                          "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
-                                         for i, c in enumerate(parsed.tool_calls)]
-            self.choices.append(Choice(completion, text, message, parsed.malformed))
+        self.choices = [chat_choice(tok, c, f"call_{len(self.turns)}") for c in completions]
+        self.malformed_tool_calls += sum(c.malformed for c in self.choices)
         return self.choices
 
     # ------------------------------------------------------------ completions
@@ -206,6 +199,17 @@ class EpisodeRecord:
         self.logprobs += [OBSERVATION_LOGPROB] * len(ids)
         self.loss_mask += [0.0] * len(ids)
 
+    _STATE = ("tokens", "prompt_length", "loss_mask", "logprobs", "turns", "messages", "tools", "text", "choices",
+              "retokenize_mismatches", "malformed_tool_calls", "tool_calls")
+
+    def save(self) -> dict:
+        """What a call may change, to `restore` when the call fails before sampling anything."""
+        return {name: copy.copy(getattr(self, name)) for name in self._STATE}
+
+    def restore(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def finish(self) -> None:
         """End the episode: a last call's reply that no call continued is its last turn (choice 0)."""
         if self.choices:
@@ -227,6 +231,18 @@ class EpisodeRecord:
         return Episode(self.task, after, self.logprobs[:end], self.loss_mask[:end], reward, correct,
                        self.turns[-1].finish_reason if self.turns else "abort", self.weight_version, len(self.turns),
                        [], True)
+
+
+def chat_choice(tok: ChatTokenizer, completion: Completion, id_prefix: str) -> Choice:
+    """A completion as the assistant message the gateway returns (tool calls parsed)."""
+    text = tok.decode(list(completion.token_ids), skip_special_tokens=True)
+    parsed = parse_tool_calls(text)
+    message = {"role": "assistant", "content": parsed.content}
+    if parsed.tool_calls:
+        message["tool_calls"] = [{"id": f"{id_prefix}_{completion.sample_index}_{i}", "type": "function",
+                                  "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                                 for i, c in enumerate(parsed.tool_calls)]
+    return Choice(completion, text, message, parsed.malformed)
 
 
 # ------------------------------------------------------------------ rendering

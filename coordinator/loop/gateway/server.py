@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from coordinator.loop.gateway.service import BadRequest, RolloutGateway, Unauthorized
+from coordinator.loop.gateway.service import BadRequest, GeneratorUnavailable, RolloutGateway, Unauthorized
 
 
 def build_app(gateway: RolloutGateway, pool: ThreadPoolExecutor) -> FastAPI:
@@ -41,6 +41,8 @@ def build_app(gateway: RolloutGateway, pool: ThreadPoolExecutor) -> FastAPI:
             return error(401, str(exc), "invalid_request_error", "invalid_api_key")
         except BadRequest as exc:
             return error(400, str(exc), "invalid_request_error")
+        except GeneratorUnavailable as exc:
+            return error(503, str(exc), "server_error", "generator_unavailable")
         return JSONResponse(result)
 
     @app.post("/v1/chat/completions")

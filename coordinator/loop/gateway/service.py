@@ -8,7 +8,8 @@ without a known, open episode's token is refused (Unauthorized, HTTP 401). `stop
 applied here: the completion is cut after the first token whose text completes one (the
 tokens kept are a prefix of what was sampled, so they are still exactly what the model wrote);
 the returned text keeps the stop string (vLLM's include_stop_str_in_output), so the text an agent
-sends back is the text of the recorded tokens.
+sends back is the text of the recorded tokens. A side call (`recorded`: a judge's) is sampled the
+same way but never becomes part of its episode.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from coordinator.loop.gateway.episodes import ChatTokenizer, EpisodeMismatch, EpisodeRecord
+from coordinator.loop.gateway.episodes import (
+    ChatTokenizer,
+    EpisodeMismatch,
+    EpisodeRecord,
+    chat_choice,
+    encode,
+    normalize,
+    render,
+)
 from coordinator.loop.gateway.toolcalls import ToolSchemaError, check_tools
 from tandem.generation.types import Completion, SamplingConfig
 
@@ -35,6 +44,11 @@ class Unauthorized(Exception):
 
 class BadRequest(ValueError):
     """A request the gateway cannot serve as sent (HTTP 400); the message says what to change."""
+
+
+class GeneratorUnavailable(RuntimeError):
+    """No generator could serve the call (HTTP 503). `generate` already re-sent it to the live
+    ones (loop/rollout.py); this is what is left when none could."""
 
 
 @dataclass(frozen=True)
@@ -108,13 +122,23 @@ class RolloutGateway:
             raise BadRequest(str(exc)) from None
         if body.get("tool_choice") == "none":
             tools = None
-        with record_lock(record):
-            try:
-                prompt = record.chat_prompt(self.tok, messages, tools)
-            except (EpisodeMismatch, KeyError, ValueError) as exc:
-                raise BadRequest(str(exc)) from None
-            completions = self._sample(prompt, body, record)
-            choices = record.chat_choices(self.tok, completions)
+        with record_lock(record), unchanged_on_failure(record):
+            if recorded(body):
+                try:
+                    prompt = record.chat_prompt(self.tok, messages, tools)
+                except (EpisodeMismatch, KeyError, ValueError) as exc:
+                    raise BadRequest(str(exc)) from None
+                completions = self._sample(prompt, body, record)
+                choices = record.chat_choices(self.tok, completions)
+            else:
+                try:
+                    prompt = encode(self.tok, render(self.tok, [normalize(m) for m in messages], tools,
+                                                     generation=True))
+                except (KeyError, ValueError) as exc:
+                    raise BadRequest(str(exc)) from None
+                completions = self._sample(prompt, body, record)
+                choices = [chat_choice(self.tok, c, f"side_{record.side_calls}") for c in completions]
+                record.side_calls += 1
         self.counters["calls"] += 1
         self.counters["malformed_tool_calls"] += sum(c.malformed for c in choices)
         out = []
@@ -136,12 +160,14 @@ class RolloutGateway:
 
     def completions(self, authorization: str | None, body: dict) -> dict:
         record = self._episode(authorization)
+        if not recorded(body):
+            raise BadRequest("side calls (tandem.record false) are chat calls: use /v1/chat/completions")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
         if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
             raise BadRequest("prompt must be one string or one list of token ids")
-        with record_lock(record):
+        with record_lock(record), unchanged_on_failure(record):
             try:
                 ids = record.completion_prompt(self.tok, prompt)
             except EpisodeMismatch as exc:
@@ -178,7 +204,12 @@ class RolloutGateway:
                                       seed=body.get("seed"))
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"sampling: {exc}") from None
-        completions = self.generate(prompt, sampling)
+        try:
+            completions = self.generate(prompt, sampling)
+        except Exception as exc:  # any failure of the generators is the call's, never the run's
+            self.counters["generator_failures"] += 1
+            raise GeneratorUnavailable(f"no generator could serve this call ({exc!r}); the episode is as it was "
+                                       "before the call: send it again, or end the episode") from exc
         return [self._cut(c, stop) for c in completions] if stop else completions
 
     def _cut(self, completion: Completion, stop: list[str]) -> Completion:
@@ -192,6 +223,18 @@ class RolloutGateway:
         return completion
 
 
+def recorded(body: dict) -> bool:
+    """Whether a call is part of its episode: every call is, but a side call, one sent with
+    `"tandem": {"record": false}` in its body (openai: extra_body), which a generator samples and
+    the episode never sees (a judge's call: judge.py; its prompt is its messages alone)."""
+    options = body.get("tandem")
+    if options is None:
+        return True
+    if not isinstance(options, dict) or set(options) - {"record"} or not isinstance(options.get("record", True), bool):
+        raise BadRequest('the body\'s "tandem" field takes {"record": true|false} only')
+    return options.get("record", True)
+
+
 @contextmanager
 def record_lock(record: EpisodeRecord) -> Iterator[None]:
     """One call at a time per episode (an episode is one sequence of turns)."""
@@ -202,6 +245,18 @@ def record_lock(record: EpisodeRecord) -> Iterator[None]:
         yield
     finally:
         record.busy.release()
+
+
+@contextmanager
+def unchanged_on_failure(record: EpisodeRecord) -> Iterator[None]:
+    """A call that fails (refused, or no generator) leaves its episode as it was: the agent may
+    send it again, or another call."""
+    saved = record.save()
+    try:
+        yield
+    except BaseException:
+        record.restore(saved)
+        raise
 
 
 def _or(value, default):

@@ -1,7 +1,10 @@
 """What the loop does with the generators around the trainer's work, by colocation
 (tandem.colocation decides it once, from colocated.enabled and the trainer's device kind).
 
-Dedicated generators and colocated ones on CPU: nothing; the step is rollouts -> train -> publish.
+Dedicated generators on GPUs: nothing; the step is rollouts -> train -> publish. On CPU, in a
+synchronous run, generators free their weights after the rollouts (sleep level 2: the host's
+memory goes to the trainer's step) and the publish loads them anew; one that cannot free them
+(an external generator started without policy.generation.free_weights_while_training) keeps them.
 Colocated generators on GPUs share the device with the trainer, so they sleep while it works:
 
     rollouts -> sleep (level 1: weights to host memory, KV cache dropped)
@@ -19,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from tandem.colocation import SLEEP_LEVEL, Colocation
+from tandem.colocation import Colocation
 from tandem.rpc import RpcFailure
 
 R = TypeVar("R")
 
 
 class GeneratorPhases:
-    """Sleep and wake of colocated GPU generators, tracked by member id; a no-op otherwise."""
+    """Sleep and wake of generators that share the trainer's memory, tracked by member id; a no-op otherwise."""
 
     def __init__(self, colocation: Colocation, log, on_dead: Callable[[object, Exception], None] | None = None):
         self.colocation = colocation
@@ -41,15 +44,17 @@ class GeneratorPhases:
         return sorted(self._asleep)
 
     def release(self, generators: Sequence) -> None:
-        """After the rollouts: free the generators' device memory for the trainer (GPUs only)."""
-        if not self.colocation.sleeps:
+        """After the rollouts: free the generators' memory for the trainer (see the module doc)."""
+        colocation = self.colocation
+        if not colocation.sleeps:
             return
+        level = colocation.sleep_level
         for handle in generators:
             if handle.member_id in self._asleep:
                 continue
-            if self._call(handle, lambda h: h.client.sleep(SLEEP_LEVEL), raise_errors=True):
+            if self._call(handle, lambda h: h.client.sleep(level), raise_errors=colocation.sleep_required):
                 self._asleep[handle.member_id] = handle
-        self._log.info("generators_asleep", generators=self.asleep, level=SLEEP_LEVEL)
+        self._log.info("generators_asleep", generators=self.asleep, level=level)
 
     def publish(self, publish: Callable[[], R]) -> R:
         """Run `publish` with the sleeping generators' weights awake, then wake their KV cache
@@ -59,6 +64,8 @@ class GeneratorPhases:
         trainer_svc/cuda_ipc.py), so vLLM takes its weights' memory back after the trainer gave
         its cache up, not before; whatever is still asleep then is woken here."""
         sleeping, self._asleep = list(self._asleep.values()), {}
+        if not self.colocation.sleep_required:  # CPU generators freed their weights: the load is the wake-up
+            return publish()
         self._weights_asleep = list(sleeping)
         try:
             result = publish()

@@ -178,7 +178,8 @@ def test_a_tandem_run_directory_gives_its_figures(tmp_path):
     logs.mkdir()
     rows = [{"phase": "val", "step": 0, "time": 100.0},
             *({"phase": "grpo", "step": i, "time": 100.0 + 10 * i, "time_rollout_s": 2.0 + i, "time_train_s": 5.0,
-               "time_publish_s": 1.0 + i, "time_step_s": 9.0} for i in (1, 2, 3))]
+               "time_publish_s": 1.0 + i, "time_step_s": 9.0, "token_mult_prob_error": 1.0 + i * 1e-6}
+              for i in (1, 2, 3))]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     events = [{"event": "weights_published", "seconds": 0.5, "bytes": 1000}, {"event": "checkpoint_saved"},
               {"event": "weights_published", "seconds": 0.7, "bytes": 1000},
@@ -193,3 +194,4 @@ def test_a_tandem_run_directory_gives_its_figures(tmp_path):
     assert rep.publish_phase_s == [2.0, 3.0, 4.0] and rep.publish_send_s == [0.5, 0.7]
     assert rep.publish_trainer_s == [0.4] and rep.publish_bytes == 1000 and rep.checkpoint_s == [3.0]
     assert rep.members_lost == ["trainer:m3"]
+    assert rep.token_mult_prob_error == [1.000001, 1.000002, 1.000003]

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 
 from generator_svc.client import GeneratorClient
 from generator_svc.config import GeneratorSettings, vllm_environment
-from generator_svc.engines.sleep import memory_args
+from generator_svc.engines.sleep import SleepMode, memory_args
 from generator_svc.engines.vllm_engine import VllmEngine
+from generator_svc.worker_extension import RELEASE
 from tandem.generation.servicer import GeneratorServicer
 from tandem.generation.types import SamplingConfig
 from tandem.rpc import FailedPrecondition
@@ -42,7 +43,7 @@ class FakeLlm:
 
     async def collective_rpc(self, name, timeout=None, args=()):
         self.calls.append(("rpc", name))
-        return [1]
+        return [{"freed_layers": 3, "freed_weight_bytes": 64}] if name == RELEASE else [1]
 
     async def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -60,7 +61,7 @@ class FakeLlm:
         self.calls.append(("resume",))
 
 
-def _engine(sleep_mode=True, colocated=True):
+def _engine(sleep_mode=SleepMode.VLLM, colocated=True):
     settings = GeneratorSettings(model_name="unused", colocated=colocated)
     return VllmEngine(FakeLlm(), settings, "test", structlog.get_logger(), sleep_mode=sleep_mode)
 
@@ -86,9 +87,28 @@ def test_memory_args_enable_sleep_mode_only_for_colocated_generators_on_cuda():
 def test_sleep_is_refused_without_sleep_mode_and_for_bad_levels():
     async def scenario():
         with pytest.raises(FailedPrecondition, match="without vLLM sleep mode"):
-            await _engine(sleep_mode=False, colocated=False).sleep(1)
+            await _engine(sleep_mode=SleepMode.NONE, colocated=False).sleep(1)
         with pytest.raises(ValueError, match="level"):
             await _engine().sleep(3)
+
+    asyncio.run(scenario())
+
+
+def test_a_cpu_generator_frees_its_weights_at_level_two_until_a_version_is_loaded():
+    async def scenario():
+        engine = _engine(sleep_mode=SleepMode.FREE_WEIGHTS, colocated=False)
+        with pytest.raises(FailedPrecondition, match="can only free its weights"):
+            await engine.sleep(1)
+        assert await engine.sleep(2) == ()  # nothing asleep: the KV cache stays, the weights are gone
+        with pytest.raises(FailedPrecondition, match="level-2 sleep freed"):
+            await _generate(engine)
+        assert await engine.wake_up() == ()  # nothing to wake: vLLM is not asked
+        with pytest.raises(FailedPrecondition, match="level-2 sleep freed"):
+            await _generate(engine)
+        assert await engine.load_weights(CudaIpcSource((b"h",), PLAN), 1) == 1
+        engine._sleep.check_can_generate()
+        assert [c for c in engine._llm.calls if c[0] in ("rpc", "sleep", "wake_up")] == [
+            ("rpc", RELEASE), ("rpc", "tandem_stage"), ("rpc", "tandem_apply_staged")]
 
     asyncio.run(scenario())
 
@@ -156,7 +176,7 @@ def test_level_two_discards_the_weights_until_a_version_is_loaded():
         engine = _engine()
         await engine.sleep(2)
         await engine.wake_up()
-        with pytest.raises(FailedPrecondition, match="level-2"):
+        with pytest.raises(FailedPrecondition, match="level-2 sleep freed"):
             await _generate(engine)
         await engine.sleep(2)
         await engine.wake_up(["weights"])

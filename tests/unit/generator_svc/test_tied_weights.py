@@ -14,10 +14,15 @@ from tandem.weight_source import SharedMemorySource, source_to_json
 
 
 class PackingMethod:
-    """Like vLLM-CPU's UnquantizedEmbeddingMethod: post-processing packs a copy of `weight`."""
+    """Like vLLM-CPU's UnquantizedEmbeddingMethod: post-processing packs a copy of `weight`, which
+    the layer's `cpu_linear` computes with."""
+
+    packs = 0
 
     def process_weights_after_loading(self, layer):
-        layer.packed = layer.weight.detach().clone()
+        PackingMethod.packs += 1
+        packed = layer.packed = layer.weight.detach().clone()
+        layer.cpu_linear = lambda x, weight, bias: x @ packed.T
 
 
 class OtherMethod:
@@ -55,9 +60,14 @@ def test_refresh_repacks_the_head_from_the_new_embedding():
     assert torch.equal(model.lm_head.packed, model.lm_head.weight)
     with torch.no_grad():
         model.model.embed_tokens.weight.add_(1.0)
-    # the layer the reload was sent tensors for was re-processed by it: only the head is left
+    # the layer the reload was sent tensors for was re-processed by it: only the head is left,
+    # and it takes the embedding's fresh packed copy instead of packing the same weight again
+    model.model.embed_tokens.quant_method.process_weights_after_loading(model.model.embed_tokens)  # the reload's
+    packs = PackingMethod.packs
     assert refresh_tied_layers(model, (PackingMethod,), reloaded={"model.embed_tokens"}) == ["lm_head"]
-    assert torch.equal(model.lm_head.packed, model.lm_head.weight)
+    assert PackingMethod.packs == packs and model.lm_head.cpu_linear is model.model.embed_tokens.cpu_linear
+    x = torch.randn(2, 4)
+    assert torch.equal(model.lm_head.cpu_linear(x, None, None), x @ model.lm_head.weight.T)
 
 
 class FakeRunner:
@@ -72,7 +82,9 @@ class FakeRunner:
     def reload_weights(self, weights_iterator, is_checkpoint_format):
         with torch.no_grad():
             for name, tensor in weights_iterator:
-                self.model.get_parameter(name).copy_(tensor)  # layers are not re-processed here
+                self.model.get_parameter(name).copy_(tensor)
+                layer = self.model.get_submodule(name.rpartition(".")[0])
+                layer.quant_method.process_weights_after_loading(layer)  # the layers it loaded, not the head
 
 
 class Worker(TandemWeightExtension):
@@ -90,9 +102,10 @@ def test_every_transport_ends_with_the_head_in_step(tmp_path, monkeypatch):
     save_file({"model.embed_tokens.weight": new}, str(tmp_path / "v1.safetensors"))
     worker = Worker(model)
     assert worker.tandem_stage(source_to_json(SharedMemorySource(str(tmp_path))), 1) == 1  # colocated on CPU
+    x = torch.randn(2, 4)
     worker.tandem_apply_staged(1)
-    assert torch.equal(model.lm_head.packed, new)
+    assert torch.equal(model.lm_head.cpu_linear(x, None, None), x @ new.T)
     newer = torch.randn(8, 4)
     worker._tandem_staged = (2, {"model.embed_tokens.weight": newer})  # what the group / CUDA IPC stage
     worker.tandem_apply_staged(2)
-    assert torch.equal(model.lm_head.packed, newer)
+    assert torch.equal(model.lm_head.cpu_linear(x, None, None), x @ newer.T)

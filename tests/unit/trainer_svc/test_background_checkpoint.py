@@ -13,6 +13,7 @@ from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor import checkpoint
 from trainer_svc.backends.dtensor.backend import DTensorBackend
+from trainer_svc.backends.dtensor.parallel import full_value
 from trainer_svc.config import TrainerSettings
 from trainer_svc.types import GrpoLossConfig, Sample
 
@@ -22,9 +23,9 @@ LOSS = GrpoLossConfig(reference_policy_kl_penalty=0.05)  # a reference pass: the
 
 
 def _state(backend) -> list[torch.Tensor]:
-    optim = [v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone()
+    optim = [full_value(v).clone()
              for s in backend._optimizer.state.values() for v in s.values()]
-    return [p.detach().full_tensor().clone() for p in backend._params] + optim
+    return [full_value(p).clone() for p in backend._params] + optim
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import torch
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor.backend import DTensorBackend
+from trainer_svc.backends.dtensor.parallel import full_value, local_value
 from trainer_svc.config import TrainerSettings
 from trainer_svc.losses import masked_entropy_sum
 from trainer_svc.types import GrpoLossConfig, Sample
@@ -37,14 +38,14 @@ def _run(env, completion_only: bool) -> dict:
     samples = _samples()
     with torch.no_grad():  # move the weights off the reference so the two policies differ
         for p in backend._params:
-            p.to_local().add_(torch.randn(p.to_local().shape, generator=torch.Generator().manual_seed(1)) * 0.01)
+            local_value(p).add_(torch.randn(local_value(p).shape, generator=torch.Generator().manual_seed(1)) * 0.01)
     current = backend.compute_logprobs(samples, "current", 4)
     reference = backend.compute_logprobs(samples, "reference", 4)
     loss = GrpoLossConfig(reference_policy_kl_penalty=0.05, ratio_clip_min=0.1, ratio_clip_max=0.1)
     metrics = backend.train_step(samples, loss, 8, 4, None).metrics
     hook.remove()
     grads_freed = all(p.grad is None for p in backend._params)
-    weights = [p.detach().full_tensor().clone() for p in backend._params]
+    weights = [full_value(p).clone() for p in backend._params]
     backend.close()
     return {"current": current, "reference": reference, "metrics": metrics, "weights": weights, "widths": widths,
             "grads_freed": grads_freed}

@@ -7,6 +7,7 @@ import torch
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor.backend import DTensorBackend
+from trainer_svc.backends.dtensor.parallel import full_value
 from trainer_svc.config import TrainerSettings
 from trainer_svc.types import GrpoLossConfig, Sample
 
@@ -24,7 +25,7 @@ def test_fused_adamw_trains_as_foreach_did(world_of_one):
             for g in groups:
                 g["fused"], g["foreach"] = False, True
         metrics = [backend.train_step(samples, loss, 8, 4, 1e-3).metrics for _ in range(3)]
-        runs[name] = (metrics, [p.detach().full_tensor().clone() for p in backend._params])
+        runs[name] = (metrics, [full_value(p).clone() for p in backend._params])
         backend.close()
     (fused_metrics, fused_weights), (foreach_metrics, foreach_weights) = runs["fused"], runs["foreach"]
     for a, b in zip(fused_metrics, foreach_metrics):

@@ -22,7 +22,8 @@ from trainer_svc.types import LOSSES, GrpoLossConfig, LossKind, Sample, StepResu
 ROOT = Path(__file__).resolve().parents[3]
 # Where a loss is defined: the registry with the config classes, and each loss's own module.
 DEFINING = {"trainer_svc/types.py", "trainer_svc/losses/grpo.py", "trainer_svc/losses/nll.py",
-            "trainer_svc/losses/preference.py", "trainer_svc/losses/distillation.py"}
+            "trainer_svc/losses/preference.py", "trainer_svc/losses/distillation.py",
+            "trainer_svc/losses/value.py"}
 # Not a loss named: the value of NeMo-RL's reward_model_cfg.reward_model_type key.
 ALLOWED = {"trainer_svc/config/__init__.py": {"bradley_terry"}}
 KINDS = pytest.mark.parametrize("kind", LOSSES, ids=[k.name for k in LOSSES])
@@ -64,6 +65,7 @@ def test_builds_a_loss_that_agrees_with_its_entry(kind: LossKind):
     assert isinstance(loss_fn, LossFn)
     assert loss_fn.needs_generation_logprobs == kind.needs_generation_logprobs
     assert loss_fn.takes_sequence_scores == kind.reward_model
+    assert loss_fn.takes_token_values == kind.value_model
 
 
 class _Backend:
@@ -87,9 +89,10 @@ class _Lockstep:
 def test_the_engine_accepts_it(kind: LossKind):
     backend = _Backend()
     engine = TrainerEngine(backend, _Lockstep(), model_name="m", plan=None, sender=None, fingerprint="",
-                           log=structlog.get_logger(), reward_model=kind.reward_model)
-    pair = [Sample((1, 5, 6), 1, generation_logprobs=(-1.0, -1.0), teacher_logprobs=(-0.5, -0.5)),
-            Sample((1, 7), 1, generation_logprobs=(-1.0,), teacher_logprobs=(-0.5,))]
+                           log=structlog.get_logger(), head=kind.model_head)
+    pair = [Sample((1, 5, 6), 1, generation_logprobs=(-1.0, -1.0), teacher_logprobs=(-0.5, -0.5),
+                   returns=(1.0, 1.0), values=(0.0, 0.0)),
+            Sample((1, 7), 1, generation_logprobs=(-1.0,), teacher_logprobs=(-0.5,), returns=(0.0,), values=(0.0,))]
     assert engine.train_step(pair, kind.config(), global_batch_size=2, micro_batch_size=2).global_step == 1
     assert backend.losses == [kind.config()]
 
@@ -99,7 +102,7 @@ def test_unknown_losses_are_refused():
         loss_kind_named("ppo")
     with pytest.raises(TypeError, match="unknown loss"):
         _train_request(object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"not set \(grpo, nll, dpo, bradley_terry, distillation\)"):
+    with pytest.raises(ValueError, match=r"not set \(grpo, nll, dpo, bradley_terry, distillation, ppo_value\)"):
         _loss(pb.TrainStepRequest())
 
 

@@ -9,6 +9,7 @@ import torch
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from trainer_svc.backends.dtensor.backend import DTensorBackend
+from trainer_svc.backends.dtensor.parallel import full_value
 from trainer_svc.config import TrainerSettings
 from trainer_svc.types import GrpoLossConfig, Sample
 
@@ -38,7 +39,7 @@ def _train(env, shortcut: bool, global_batch_size: int) -> tuple[dict, list[torc
     backend._score = counting_score
     loss = GrpoLossConfig(reference_policy_kl_penalty=0.0, ratio_clip_min=0.1, ratio_clip_max=0.1)
     result = backend.train_step(_samples(), loss, global_batch_size, 4, None)
-    weights = [p.detach().full_tensor().clone() for p in backend._params]
+    weights = [full_value(p).clone() for p in backend._params]
     return result.metrics, weights, passes
 
 

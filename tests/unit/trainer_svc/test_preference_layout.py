@@ -6,6 +6,7 @@ import torch
 from transformers import AutoConfig
 
 from coordinator.embedded.tiny_model import ensure_tiny_model
+from trainer_svc.config import ModelHead
 from trainer_svc.engine import TrainerEngine
 from trainer_svc.hf import classifier_config
 from trainer_svc.pairs import validate_pairs
@@ -36,7 +37,7 @@ class _Backend:
 
 def _engine(reward_model: bool) -> TrainerEngine:
     return TrainerEngine(_Backend(), lockstep=None, model_name="m", plan=None, sender=None, fingerprint="",
-                         log=None, reward_model=reward_model)
+                         log=None, head=ModelHead.SEQUENCE_SCORE if reward_model else ModelHead.LM)
 
 
 @pytest.mark.parametrize("reward_model, loss", [(True, DpoLossConfig()), (True, NllLossConfig()),

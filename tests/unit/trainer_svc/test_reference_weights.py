@@ -5,6 +5,7 @@ reference's float32 values and gives the live ones back bit for bit, as the full
 import pytest
 import torch
 
+from trainer_svc.backends.dtensor.parallel import full_value, local_value
 from trainer_svc.backends.reference import ReferenceWeights, expand_copy
 
 
@@ -77,7 +78,7 @@ def bf16_checkpoint(tmp_path_factory):
 
 
 def test_a_backend_trains_the_same_with_the_half_size_reference(world_of_one, bf16_checkpoint):
-    from trainer_svc.backends.dtensor.backend import DTensorBackend, _local
+    from trainer_svc.backends.dtensor.backend import DTensorBackend
     from trainer_svc.config import TrainerSettings
     from trainer_svc.types import GrpoLossConfig, Sample
 
@@ -87,11 +88,11 @@ def test_a_backend_trains_the_same_with_the_half_size_reference(world_of_one, bf
     runs = []
     for compact in (True, False):
         backend = DTensorBackend(TrainerSettings(model_name=str(bf16_checkpoint)), world_of_one)
-        backend._reference = ReferenceWeights(backend._params, _local, compact=compact)
+        backend._reference = ReferenceWeights(backend._params, local_value, compact=compact)
         assert {c.dtype for c in backend._reference._copies} == {torch.bfloat16 if compact else torch.float32}
         metrics = [backend.train_step(samples, loss, 8, 4, None).metrics for _ in range(2)]
         runs.append((metrics, backend.compute_logprobs(samples, "reference", 4),
-                     [p.detach().full_tensor().clone() for p in backend._params]))
+                     [full_value(p).clone() for p in backend._params]))
         backend.close()
     (compact_metrics, compact_ref, compact_weights), (full_metrics, full_ref, full_weights) = runs
     assert compact_metrics == full_metrics and compact_ref == full_ref  # bit for bit

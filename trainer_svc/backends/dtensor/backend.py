@@ -24,6 +24,7 @@ from trainer_svc.backends.dtensor.parallel import (
     MeshAxis,
     ParallelDims,
     clip_grad_norm,
+    local_value,
     offload_policy,
     resolve_parallel_plan,
 )
@@ -54,10 +55,6 @@ from trainer_svc.losses import (
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
 
 
-def _local(param: torch.Tensor) -> torch.Tensor:
-    return param.to_local() if isinstance(param, DTensor) else param
-
-
 class DTensorBackend:
     """FSDP2 (x tensor parallel) over all ranks of the default process group, on a (dp, tp) mesh.
 
@@ -82,7 +79,7 @@ class DTensorBackend:
                                      compute_dtype=getattr(torch, settings.dtype),
                                      activation_checkpointing=cfg.activation_checkpointing,
                                      offload_policy=offload_policy(cfg.cpu_offload, env.device),
-                                     sequence_classifier=settings.reward_model_cfg.enabled, lora_cfg=self._lora,
+                                     head=settings.model_head, lora_cfg=self._lora,
                                      seed=settings.seed, custom_plan=(resolve_parallel_plan(cfg.custom_parallel_plan)
                                                                       if cfg.custom_parallel_plan else None))
         self._model = policy.model
@@ -106,7 +103,7 @@ class DTensorBackend:
         self._optimizer = torch.optim.AdamW(self._params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                             weight_decay=opt.weight_decay, fused=True)
         self._max_grad_norm = settings.max_grad_norm or math.inf
-        self._reference = ReferenceWeights(self._params, _local, before_swap=self._unchanged_until_written)
+        self._reference = ReferenceWeights(self._params, local_value, before_swap=self._unchanged_until_written)
         self._write = checkpoint.PendingWrite.finished()  # a save's bytes on their way to disk (checkpoint.py)
         self._saved: tuple[Path, int] | None = None  # the last save's directory and step
         self._optimizer.register_step_pre_hook(self._unchanged_until_written)
@@ -131,6 +128,29 @@ class DTensorBackend:
         if gathered is None:
             return None
         return [row for part in gathered[::self._dims.tp] for row in part]  # one tp rank per dp shard
+
+    def compute_values(self, samples: Sequence[Sample], micro_batch_size: int) -> list[list[float]] | None:
+        """A critic's values of the completion tokens' states, aligned as `compute_logprobs`'s rows."""
+        split = self._splitter(micro_batch_size, self._packing.logprob_mb_tokens)
+        shard, groups = rank_micro_batches(samples, self._dp_rank, self._dims.dp, split)
+        results: list[list[float] | None] = [None] * len(shard)
+        for group in groups:
+            batch = self._collate([shard[i] for i in group])
+            with torch.no_grad():
+                self._model.eval()
+                rows = completion_logprobs(self._values(batch), batch)
+            for i, row in zip(group, rows):
+                results[i] = row
+        gathered: list | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(results, gathered, dst=0, group=self._env.cpu_group)
+        if gathered is None:
+            return None
+        return [row for part in gathered[::self._dims.tp] for row in part]
+
+    def _values(self, batch: MicroBatch) -> torch.Tensor:
+        """[B, T-1] float32: column j the value model's output at position j (the state of tokens
+        0..j, from which token j+1 is sampled), the layout of the logprobs (never packed)."""
+        return self._run_model(batch.input_ids, None)[:, :-1, 0].float()
 
     def _splitter(self, micro_batch_size: int, packing_tokens: int) -> Callable[[Sequence[Sample]], list[list[int]]]:
         """Micro-batches of a shard as index lists: by count, or by token budget when packing."""
@@ -243,18 +263,22 @@ class DTensorBackend:
         self._optimizer.zero_grad(set_to_none=True)
         sums: dict[str, torch.Tensor] = {}
         for i, batch in enumerate(batches):
+            scalar_head = loss_fn.takes_sequence_scores or loss_fn.takes_token_values
             if loss_fn.takes_sequence_scores:
                 # a reward model's logits are [B, 1]: its score at each row's last real token (never packed)
                 logits = self._run_model(batch.input_ids, None)
                 curr = logits[:, 0].float()
+            elif loss_fn.takes_token_values:  # a critic: [B, T-1] values (never packed)
+                logits = curr = self._values(batch)
             else:
                 logits, curr, logits_mask = self._forward(batch)
             inputs = LossInputs(batch.mask, batch.advantages, prev[i] if prev else None,
-                                batch.generation_logprobs, ref[i] if ref else None, batch.teacher_logprobs)
+                                batch.generation_logprobs, ref[i] if ref else None, batch.teacher_logprobs,
+                                batch.returns, batch.old_values)
             out = loss_fn(curr, inputs, num_tokens, num_sequences)
             out.loss.backward()
             step_metrics = dict(out.metrics)
-            if not loss_fn.takes_sequence_scores:
+            if not scalar_head:
                 step_metrics["entropy"] = masked_entropy_sum(logits[:, :-1], logits_mask) / max(num_tokens, 1)
             for name, value in step_metrics.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()

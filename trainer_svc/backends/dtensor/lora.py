@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from trainer_svc.backends.dtensor.parallel import full_value
 from trainer_svc.config.lora import LoraSettings
 from trainer_svc.held_bytes import HeldBytes
 
@@ -66,11 +66,6 @@ def init_adapters(model: nn.Module, cfg: LoraSettings, seed: int) -> None:
             param.zero_()
 
 
-def _full(value: torch.Tensor) -> torch.Tensor:
-    """Collective for a DTensor (every rank gathers)."""
-    return value.full_tensor() if isinstance(value, DTensor) else value.detach()
-
-
 def iter_merged(model: nn.Module, hf_names: list[str], scaling: float, rank: int,
                 held: HeldBytes) -> Iterator[tuple[str, torch.Tensor]]:
     """Collective generator: the merged model's full tensors under the base HF names, in
@@ -79,14 +74,14 @@ def iter_merged(model: nn.Module, hf_names: list[str], scaling: float, rank: int
     for name in hf_names:
         stem = PREFIX + name.removesuffix(".weight")
         if stem + ".base_layer.weight" not in state:
-            full = _full(state[PREFIX + name])
+            full = full_value(state[PREFIX + name])
             if rank == 0:
                 yield name, held.track(full)
             del full
             continue
-        base = _full(state[stem + ".base_layer.weight"])
-        a = _full(state[f"{stem}.lora_A.{ADAPTER}.weight"])
-        b = _full(state[f"{stem}.lora_B.{ADAPTER}.weight"])
+        base = full_value(state[stem + ".base_layer.weight"])
+        a = full_value(state[f"{stem}.lora_A.{ADAPTER}.weight"])
+        b = full_value(state[f"{stem}.lora_B.{ADAPTER}.weight"])
         if rank == 0:
             yield name, held.track(base.float() + scaling * (b.float() @ a.float()))
         del base, a, b
@@ -100,7 +95,7 @@ def export_adapter(model: nn.Module, cfg: LoraSettings, model_name: str, out_dir
     tensors = {}
     for name, value in model.state_dict().items():
         if ".lora_A." in name or ".lora_B." in name:
-            full = _full(value)
+            full = full_value(value)
             if rank == 0:
                 tensors[name.replace(f".{ADAPTER}.", ".")] = full.detach().to("cpu", torch.float32).contiguous()
     if rank != 0:

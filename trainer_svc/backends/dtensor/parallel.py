@@ -61,6 +61,17 @@ class ParallelDims:
         return init_device_mesh(device_type, (self.dp, self.tp), mesh_dim_names=(MeshAxis.DP, MeshAxis.TP))
 
 
+
+def local_value(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's values of a parameter or gradient: a DTensor's local shard, else the tensor
+    itself (a one-rank float32 model runs without FSDP2: model.needs_fsdp)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, detached: a DTensor gathered (a collective: every rank calls it), else itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
+
 def check_tensor_parallel(config, tp: int) -> None:
     """Raise ValueError when the model's heads do not split over `tp` ranks."""
     heads = config.num_attention_heads

@@ -181,6 +181,10 @@ class MegatronBackend:
         self._model.train()
         return [o["logprobs"] for o in out] if self.layout.is_last_stage else [None] * len(batches)
 
+    def compute_values(self, samples: Sequence[Sample], micro_batch_size: int) -> list[list[float]] | None:
+        """Not here: a PPO critic (value_model_cfg.enabled) runs on the DTensor backend (refused at load)."""
+        raise ValueError("the Megatron backend holds no value model: a PPO critic trains on the DTensor backend")
+
     def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
                          micro_batch_size: int) -> list[list[float]] | None:
         with cpu_compat.active():

@@ -14,6 +14,7 @@ class ServiceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SERVICE_KIND_GENERATOR: _ClassVar[ServiceKind]
     SERVICE_KIND_REWARD: _ClassVar[ServiceKind]
     SERVICE_KIND_TEACHER: _ClassVar[ServiceKind]
+    SERVICE_KIND_CRITIC: _ClassVar[ServiceKind]
 
 class MemberHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -27,6 +28,7 @@ SERVICE_KIND_TRAINER: ServiceKind
 SERVICE_KIND_GENERATOR: ServiceKind
 SERVICE_KIND_REWARD: ServiceKind
 SERVICE_KIND_TEACHER: ServiceKind
+SERVICE_KIND_CRITIC: ServiceKind
 MEMBER_HEALTH_UNSPECIFIED: MemberHealth
 MEMBER_HEALTH_HEALTHY: MemberHealth
 MEMBER_HEALTH_LATE: MemberHealth

@@ -49,20 +49,26 @@ TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP: TruncatedImportanceSamplingType
 TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS: TruncatedImportanceSamplingType
 
 class Sample(_message.Message):
-    __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage", "teacher_logprobs")
+    __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage", "teacher_logprobs", "token_advantages", "returns", "values")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     GENERATION_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
     TEACHER_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ADVANTAGES_FIELD_NUMBER: _ClassVar[int]
+    RETURNS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_length: int
     loss_mask: _containers.RepeatedScalarFieldContainer[float]
     generation_logprobs: _containers.RepeatedScalarFieldContainer[float]
     advantage: float
     teacher_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    token_advantages: _containers.RepeatedScalarFieldContainer[float]
+    returns: _containers.RepeatedScalarFieldContainer[float]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ..., token_advantages: _Optional[_Iterable[float]] = ..., returns: _Optional[_Iterable[float]] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GrpoLoss(_message.Message):
     __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction", "ratio_clip_c", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value", "use_on_policy_kl_approximation", "sequence_level_importance_ratios", "truncated_importance_sampling_ratio", "truncated_importance_sampling_type", "truncated_importance_sampling_ratio_min", "disable_ppo_ratio", "force_on_policy_ratio", "token_level_loss")
@@ -136,14 +142,21 @@ class DistillationLoss(_message.Message):
     use_importance_sampling_correction: bool
     def __init__(self, kl_penalty_coef: _Optional[float] = ..., task_reward_coef: _Optional[float] = ..., ratio_clip_min: _Optional[float] = ..., ratio_clip_max: _Optional[float] = ..., use_importance_sampling_correction: _Optional[bool] = ...) -> None: ...
 
+class PpoValueLoss(_message.Message):
+    __slots__ = ("cliprange_value",)
+    CLIPRANGE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    cliprange_value: float
+    def __init__(self, cliprange_value: _Optional[float] = ...) -> None: ...
+
 class TrainStepRequest(_message.Message):
-    __slots__ = ("samples", "grpo", "nll", "dpo", "bradley_terry", "distillation", "global_batch_size", "micro_batch_size", "learning_rate")
+    __slots__ = ("samples", "grpo", "nll", "dpo", "bradley_terry", "distillation", "ppo_value", "global_batch_size", "micro_batch_size", "learning_rate")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     GRPO_FIELD_NUMBER: _ClassVar[int]
     NLL_FIELD_NUMBER: _ClassVar[int]
     DPO_FIELD_NUMBER: _ClassVar[int]
     BRADLEY_TERRY_FIELD_NUMBER: _ClassVar[int]
     DISTILLATION_FIELD_NUMBER: _ClassVar[int]
+    PPO_VALUE_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -153,10 +166,11 @@ class TrainStepRequest(_message.Message):
     dpo: DpoLoss
     bradley_terry: BradleyTerryLoss
     distillation: DistillationLoss
+    ppo_value: PpoValueLoss
     global_batch_size: int
     micro_batch_size: int
     learning_rate: float
-    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., dpo: _Optional[_Union[DpoLoss, _Mapping]] = ..., bradley_terry: _Optional[_Union[BradleyTerryLoss, _Mapping]] = ..., distillation: _Optional[_Union[DistillationLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., grpo: _Optional[_Union[GrpoLoss, _Mapping]] = ..., nll: _Optional[_Union[NllLoss, _Mapping]] = ..., dpo: _Optional[_Union[DpoLoss, _Mapping]] = ..., bradley_terry: _Optional[_Union[BradleyTerryLoss, _Mapping]] = ..., distillation: _Optional[_Union[DistillationLoss, _Mapping]] = ..., ppo_value: _Optional[_Union[PpoValueLoss, _Mapping]] = ..., global_batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("metrics", "global_step")
@@ -194,6 +208,26 @@ class ComputeLogprobsResponse(_message.Message):
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
     def __init__(self, samples: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
+
+class ComputeValuesRequest(_message.Message):
+    __slots__ = ("samples", "micro_batch_size")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    micro_batch_size: int
+    def __init__(self, samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., micro_batch_size: _Optional[int] = ...) -> None: ...
+
+class TokenValues(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ComputeValuesResponse(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[TokenValues]
+    def __init__(self, samples: _Optional[_Iterable[_Union[TokenValues, _Mapping]]] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()

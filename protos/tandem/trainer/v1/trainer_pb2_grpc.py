@@ -46,6 +46,11 @@ class TrainerServiceStub:
                 request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogprobsRequest.SerializeToString,
                 response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogprobsResponse.FromString,
                 _registered_method=True)
+        self.ComputeValues = channel.unary_unary(
+                '/tandem.trainer.v1.TrainerService/ComputeValues',
+                request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesRequest.SerializeToString,
+                response_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesResponse.FromString,
+                _registered_method=True)
         self.TrainStep = channel.unary_unary(
                 '/tandem.trainer.v1.TrainerService/TrainStep',
                 request_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepRequest.SerializeToString,
@@ -107,6 +112,13 @@ class TrainerServiceServicer:
 
     def ComputeLogprobs(self, request, context):
         """Per-token logprobs of the completion tokens under the current or the reference policy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ComputeValues(self, request, context):
+        """A PPO critic's value of the state of each completion token (a trainer holding a value model).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +203,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.ComputeLogprobs,
                     request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogprobsRequest.FromString,
                     response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogprobsResponse.SerializeToString,
+            ),
+            'ComputeValues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ComputeValues,
+                    request_deserializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesRequest.FromString,
+                    response_serializer=tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesResponse.SerializeToString,
             ),
             'TrainStep': grpc.unary_unary_rpc_method_handler(
                     servicer.TrainStep,
@@ -294,6 +311,33 @@ class TrainerService:
             '/tandem.trainer.v1.TrainerService/ComputeLogprobs',
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogprobsRequest.SerializeToString,
             tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeLogprobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ComputeValues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.trainer.v1.TrainerService/ComputeValues',
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesRequest.SerializeToString,
+            tandem_dot_trainer_dot_v1_dot_trainer__pb2.ComputeValuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

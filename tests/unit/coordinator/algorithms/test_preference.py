@@ -43,7 +43,7 @@ def test_dpo_section_maps_to_the_trainer_loss():
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({**PAIRS, "dpo": {}, "rm": {}, "policy": {"reward_model_cfg": {"enabled": True}}}, "at most one of the dpo, rm and distillation"),
+    ({**PAIRS, "dpo": {}, "rm": {}, "policy": {"reward_model_cfg": {"enabled": True}}}, "at most one of the dpo, rm, distillation and ppo"),
     ({**PAIRS, "rm": {}}, "reward_model_cfg.enabled"),
     ({"policy": {"reward_model_cfg": {"enabled": True}}}, "reward_model_cfg.enabled"),
     ({"dpo": {}}, "data.dataset_name"),

@@ -106,6 +106,19 @@ def test_the_next_save_waits_for_the_previous_write_and_reports_its_failure(tmp_
         writer.save(4, _state(4), trainer)
 
 
+def test_a_ppo_checkpoint_is_complete_only_once_the_critic_has_written_too(tmp_path):
+    log, trainer, critic = Events(), SlowTrainer(), SlowTrainer()
+    writer = store.CheckpointWriter(tmp_path, keep=2, log=log)
+    trainer.release.set()  # the policy's part is on disk at once, the critic's is not
+    final = writer.save(2, _state(2), trainer, critic)
+    assert critic.saved == [(str((tmp_path / ".tmp_step_000002" / "critic").resolve()), True)]
+    writer._thread.join(timeout=0.5)
+    assert store.latest(tmp_path) is None and not log.named("checkpoint_saved")
+    critic.release.set()
+    writer.wait()
+    assert store.latest(tmp_path) == final and [e["step"] for e in log.named("checkpoint_saved")] == [2]
+
+
 class FullDiskTrainer(SlowTrainer):
     """A trainer on a disk that is full while `full` is set: the save answers with the disk's
     error (DCP's metadata), or the background write fails (the tensors' bytes)."""

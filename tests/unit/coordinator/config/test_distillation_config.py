@@ -32,7 +32,7 @@ def _load(*overrides: str):
 @pytest.mark.parametrize("overrides, message", [
     (["distillation.kl_penalty_coef=0.5"], "distillation needs a teacher: set distillation.teacher.model_name"),
     (["distillation.teacher.model_name=/nonexistent"], "not a Hugging Face checkpoint directory"),
-    (["distillation.teacher.model_name={t}", "dpo.max_num_steps=3"], "at most one of the dpo, rm and distillation"),
+    (["distillation.teacher.model_name={t}", "dpo.max_num_steps=3"], "at most one of the dpo, rm, distillation and ppo"),
     (["distillation.teacher.model_name={t}", "loss_fn.reference_policy_kl_penalty=0.1"],
      "remove loss_fn.use_kl_in_reward and loss_fn.reference_policy_kl_penalty"),
     (["distillation.teacher.model_name={t}", "distillation.kl_penalty_coef=0"], "kl_penalty_coef"),

@@ -12,7 +12,8 @@ from coordinator.checkpoint.resume import find_unfinished, resume_version
 from coordinator.config import load_config
 from coordinator.launch.adopted import AdoptedProcess, descendants, start_ticks
 from coordinator.launch.launcher import LocalLauncher, ServiceSpec
-from coordinator.launch.supervisor import trainer_dead
+from coordinator.launch.supervisor import dead_trainers, trainer_dead
+from tandem.kinds import ServiceKind
 from tandem.rpc import RpcFailure, Status
 
 LOG = structlog.get_logger()
@@ -41,10 +42,10 @@ class _Services:
     def __init__(self, error=None):
         self._error = error
 
-    @property
-    def trainer(self):
+    def trainer_of(self, kind):
         if isinstance(self._error, RuntimeError):
             raise self._error
+        self.asked = kind
         return self
 
     def info(self):
@@ -54,6 +55,36 @@ class _Services:
 
 def _Unavailable() -> RpcFailure:
     return RpcFailure(Status.UNAVAILABLE, "gone")
+
+
+def test_a_dead_critic_is_told_apart_from_the_trainer():
+    class Launcher(_Launcher):
+        def exited(self, name):
+            return name == "critic"
+
+    assert trainer_dead(_Services(), Launcher(exited=None), kind=ServiceKind.CRITIC)
+    assert not trainer_dead(services := _Services(), Launcher(exited=None))
+    assert services.asked is ServiceKind.TRAINER
+
+
+def test_dead_trainers_waits_for_either_after_a_failed_call():
+    class Launcher:
+        def __init__(self, exits):
+            self.exits, self.asked = exits, 0  # the name that exits after a few polls
+
+        def exited(self, name):
+            self.asked += 1
+            return name == self.exits and self.asked > 6
+
+        def wait_exit(self, name, timeout_s):
+            raise AssertionError("one at a time would wait out the trainer's grace before the critic's")
+
+    kinds = [ServiceKind.TRAINER, ServiceKind.CRITIC]
+    broken = RpcFailure(Status.INTERNAL, "Connection reset by peer")
+    assert dead_trainers(_Services(), Launcher("critic"), kinds, broken, grace_s=5, poll_s=0.01) == [ServiceKind.CRITIC]
+    assert dead_trainers(_Services(), Launcher("nobody"), kinds, broken, grace_s=0.05, poll_s=0.01) == []
+    refused = RpcFailure(Status.INVALID_ARGUMENT, "bad batch")
+    assert dead_trainers(_Services(), Launcher("critic"), kinds, refused, grace_s=5, poll_s=0.01) == []
 
 
 def test_trainer_dead():

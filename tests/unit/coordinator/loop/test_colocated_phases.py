@@ -19,6 +19,7 @@ from coordinator.loop import rollouts as rollouts_module
 from coordinator.loop.context import LoopContext
 from coordinator.loop.multiturn import Episode
 from coordinator.membership.services import GeneratorHandle
+from tandem.colocation import FREE_WEIGHTS_LEVEL
 from tandem.generation.types import GeneratorInfo
 from tandem.rpc import RpcFailure, Status
 from tandem.weight_source import CollectiveSource, CudaIpcSource, SharedMemorySource
@@ -67,22 +68,28 @@ def Dead() -> RpcFailure:
 class FakeGenerator:
     """A generator client that refuses, like the real engine, to generate while asleep."""
 
-    def __init__(self, name, events, dies_on_sleep=False):
+    def __init__(self, name, events, dies_on_sleep=False, refuses_sleep=False):
         self.name, self.events, self.asleep, self.version = name, events, set(), 0
-        self.dies_on_sleep = dies_on_sleep
+        self.dies_on_sleep, self.refuses_sleep, self.freed = dies_on_sleep, refuses_sleep, False
 
     def info(self, timeout_s=0):
         return GeneratorInfo("m", self.version, "fake", "float32", 8, 0, tuple(sorted(self.asleep)))
 
     def generate(self, prompts, sampling, request_id="", timeout_s=0):
         assert not self.asleep, f"{self.name} asked to generate while {self.asleep} sleep"
+        assert not self.freed, f"{self.name} asked to generate with its weights freed"
         self.events.append((self.name, "generate"))
         return iter(())
 
     def sleep(self, level=1, timeout_s=0):
         if self.dies_on_sleep:
             raise Dead()
+        if self.refuses_sleep:
+            raise RpcFailure(Status.FAILED_PRECONDITION, "nothing to sleep")
         self.events.append((self.name, "sleep", level))
+        if level == FREE_WEIGHTS_LEVEL:  # a CPU generator frees its weights: nothing asleep, no version served
+            self.freed = True
+            return ()
         self.asleep = {"weights", "kv_cache"}
         return tuple(sorted(self.asleep))
 
@@ -96,7 +103,7 @@ class FakeGenerator:
         if isinstance(source, CudaIpcSource):
             assert "weights" not in self.asleep and source.buckets == (b"handle",) and source.plan == PLAN
         self.events.append((self.name, kinds[type(source)], version))
-        self.version = version
+        self.version, self.freed = version, False
         return version
 
 
@@ -122,13 +129,13 @@ def _fake_collect(ctx, batch, prompts, sampling):
             for _ in prompts]
 
 
-def _loop(monkeypatch, colocated, device_type, dies_on_sleep=False):
+def _loop(monkeypatch, colocated, device_type, dies_on_sleep=False, refuses_sleep=False, overrides=()):
     monkeypatch.setattr(rollouts_module, "collect_episodes", _fake_collect)
     cfg = load_config(overrides=["policy.train_global_batch_size=4", "grpo.num_prompts_per_step=2",
                                  "grpo.num_generations_per_prompt=2", "cluster.num_generators=2",
-                                 f"policy.generation.colocated.enabled={str(colocated).lower()}"])
+                                 f"policy.generation.colocated.enabled={str(colocated).lower()}", *overrides])
     events = []
-    generators = [FakeGenerator("g0", events), FakeGenerator("g1", events, dies_on_sleep)]
+    generators = [FakeGenerator("g0", events), FakeGenerator("g1", events, dies_on_sleep, refuses_sleep)]
     services = FakeServices(FakeTrainer(events, device_type), generators)
     examples = [Example(f"q{i}", "a", "arithmetic", (1, i)) for i in range(8)]
     ctx = LoopContext.connect(cfg, services, SimpleNamespace(prompt=lambda text: [1, 2]), examples, 0,
@@ -170,14 +177,50 @@ def test_colocated_gpu_generators_sleep_from_rollouts_to_publish(monkeypatch):
     assert all(not g.asleep for g in generators) and ctx.phases.asleep == []
 
 
-def test_colocated_cpu_and_dedicated_generators_never_sleep(monkeypatch):
-    for colocated, device_type, load in ((True, "cpu", "load_shared"), (False, "cuda", "receive"),
-                                         (False, "cpu", "receive")):
-        ctx, events, _ = _loop(monkeypatch, colocated, device_type)
+def test_dedicated_gpu_generators_and_cpu_ones_keeping_their_weights_never_sleep(monkeypatch):
+    keep = ["policy.generation.free_weights_while_training=false"]
+    for colocated, device_type, load, overrides in ((True, "cpu", "load_shared", keep), (False, "cuda", "receive", ()),
+                                                    (False, "cpu", "receive", keep)):
+        ctx, events, _ = _loop(monkeypatch, colocated, device_type, overrides=overrides)
         ctx.publish()
         grpo_module.grpo_step(ctx, 1)
         assert not any(e[1] in ("sleep", "wake", "export", "release") for e in events), events
         assert _of(events, "g0") == [(load, 1), ("generate",), (load, 2)]
+
+
+def test_cpu_generators_free_their_weights_from_the_rollouts_to_the_publish(monkeypatch):
+    for colocated, load in ((False, "receive"), (True, "load_shared")):
+        ctx, events, generators = _loop(monkeypatch, colocated, "cpu")
+        ctx.publish()
+        for step in (1, 2):
+            grpo_module.grpo_step(ctx, step)
+        for g in ("g0", "g1"):  # no wake-up calls: the load is the wake-up
+            assert _of(events, g) == [(load, 1), ("generate",), ("sleep", FREE_WEIGHTS_LEVEL), (load, 2),
+                                      ("generate",), ("sleep", FREE_WEIGHTS_LEVEL), (load, 3)]
+        trains = [i for i, e in enumerate(events) if e == ("trainer", "train")]
+        assert events.index(("g1", "sleep", FREE_WEIGHTS_LEVEL)) < trains[0]  # freed before the trainer's step
+        assert not any(g.freed for g in generators) and ctx.phases.asleep == []
+
+
+def test_a_cpu_generator_that_cannot_free_its_weights_keeps_them_and_the_run_goes_on(monkeypatch):
+    ctx, events, _ = _loop(monkeypatch, False, "cpu", refuses_sleep=True)  # e.g. external, started without the key
+    ctx.publish()
+    grpo_module.grpo_step(ctx, 1)
+    assert ctx.services.failed == []
+    assert _of(events, "g1") == [("receive", 1), ("generate",), ("receive", 2)]
+    assert _of(events, "g0")[2] == ("sleep", FREE_WEIGHTS_LEVEL)
+
+
+def test_free_weights_while_training_resolves_by_mode_and_refuses_async():
+    assert load_config().generators_free_weights
+    assert not load_config(overrides=["policy.generation.free_weights_while_training=false"]).generators_free_weights
+    async_run = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+    assert not load_config(overrides=async_run).generators_free_weights
+    assert not load_config(overrides=["cluster.gpus_per_node=1"]).generators_free_weights
+    with pytest.raises(ConfigError, match="free_weights_while_training: false"):
+        load_config(overrides=[*async_run, "policy.generation.free_weights_while_training=true"])
+    scratch = Path(".tandem/scratch")
+    assert generator_settings(load_config(), "m", 0, scratch).free_weights_while_training
 
 
 def test_a_generator_unreachable_at_sleep_is_dropped_and_the_step_goes_on(monkeypatch):

@@ -283,3 +283,164 @@ def test_validation_runs_agent_tasks_greedily_through_the_gateway(served, tok, c
     assert result == {"accuracy": 0.5, "reward_mean": 0.5, "num_samples": 2.0}
     assert generator.temperatures == [0.0, 0.0]  # the agent left temperature unset: greedy
     assert [s["correct"] for s in samples] == [True, False]
+
+
+# ---------------------------------------------------------------------- failures (issue item 7)
+
+async def returns_text(example, client):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}])
+    return "1.0"
+
+
+async def returns_nan(example, client):
+    return float("nan")
+
+
+async def rewrites_history(example, client):
+    messages = [{"role": "user", "content": "1"}]
+    reply = await client.chat.completions.create(model="m", messages=messages)
+    edited = {"role": "assistant", "content": reply.choices[0].message.content + "!"}
+    await client.chat.completions.create(model="m", messages=[*messages, edited, {"role": "user", "content": "2"}])
+    return 1.0
+
+
+async def wraps_a_failed_call(example, client):
+    try:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}])
+    except openai.APIError as exc:
+        raise RuntimeError("my tool loop gave up") from exc
+    return 1.0
+
+
+def test_each_way_an_agent_fails_is_its_own_counted_reason_and_never_raises(served, tok):
+    from coordinator.loop.gateway.agents import EndReason
+
+    gateway, server, _ = served([chars(tok, "1")] * 3)
+    outcomes = [run_agents(gateway, server.url, fn, _examples(1), 1, timeout_s=5, max_concurrency=1)[0][0]
+                for fn in (returns_text, rewrites_history, returns_nan)]
+    gateway.generate = lambda prompt, sampling: (_ for _ in ()).throw(RuntimeError("no live generator"))
+    outcomes.append(run_agents(gateway, server.url, wraps_a_failed_call, _examples(1), 1, timeout_s=5,
+                               max_concurrency=1)[0][0])
+    assert [o.reason for o in outcomes] == [EndReason.BAD_RETURN, EndReason.REFUSED_CALL, EndReason.BAD_RETURN,
+                                            EndReason.NO_GENERATOR]
+    assert "returns a number" in outcomes[0].info["error"] and "not one the model returned" in outcomes[1].info["error"]
+    assert "finite reward; got nan" in outcomes[2].info["error"]  # a NaN would poison its group's advantages
+    assert [o.reward for o in outcomes] == [0.0] * 4 and [len(o.record.turns) for o in outcomes] == [1, 1, 0, 0]
+    counts = outcome_metrics([outcomes])
+    assert (counts["ended_bad_return"], counts["ended_refused_call"], counts["ended_no_generator"],
+            counts["ended_timeout"], counts["ended_error"]) == (2, 1, 1, 0, 0)
+    assert (counts["agent_errors"], counts["agent_timeouts"]) == (4, 0)
+    assert gateway.counters["generator_failures"] == 1
+
+
+def test_a_call_no_generator_could_serve_is_a_503_and_can_be_sent_again(served, tok):
+    gateway, server, generator = served([chars(tok, "1"), chars(tok, "2")])
+    record = gateway.open_episode("t")
+    api = client(server, record.token)
+    messages = [{"role": "user", "content": "1"}]
+    first = api.chat.completions.create(model="m", messages=messages)
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "2"}]
+    gateway.generate = lambda prompt, sampling: (_ for _ in ()).throw(RuntimeError("no live generator"))
+    with pytest.raises(openai.InternalServerError, match="no generator could serve this call") as failed:
+        api.chat.completions.create(model="m", messages=messages)
+    assert failed.value.status_code == 503
+    gateway.generate = generator  # a generator is back: the same call again continues the episode
+    second = api.chat.completions.create(model="m", messages=messages)
+    assert second.choices[0].message.content == "2"
+    gateway.close_episode(record.token)
+    assert [t.completion_ids for t in record.turns] == generator.sampled
+    assert generator.prompts[1][:len(generator.prompts[0]) + 2] == generator.prompts[0] + generator.sampled[0]
+
+
+class DyingGenerator:
+    """A generator client (GeneratorClient's generate) that streams `ids` + EOS per sample, or dies
+    (UNAVAILABLE) before its first completion."""
+
+    def __init__(self, ids, dies=False):
+        self.ids, self.dies, self.calls = tuple(ids), dies, 0
+
+    def generate(self, prompts, sampling, request_id="", timeout_s=0):
+        self.calls += 1
+        if self.dies:
+            from tandem.rpc import RpcFailure, Status
+            raise RpcFailure(Status.UNAVAILABLE, "generator process killed")
+        for i, _ in enumerate(prompts):
+            for j in range(sampling.n):
+                yield Completion(i, j, self.ids, tuple(-0.5 for _ in self.ids), "stop", 3)
+
+    def close(self):
+        pass
+
+
+def test_a_generator_dying_mid_call_has_the_turn_resent_through_rollout_failover(served, tok):
+    """The gateway's generate is rollout.generate (as loop/rollouts.py agent_runner wires it): the
+    call whose generator dies is re-sent to a live one, and the agent never sees the failure."""
+    import structlog
+
+    from coordinator.loop import rollout
+    from coordinator.membership.services import GeneratorHandle
+
+    eos = tok.eos_token_id
+    good, dying = DyingGenerator([*chars(tok, "1"), eos]), DyingGenerator([*chars(tok, "9"), eos], dies=True)
+    live = [GeneratorHandle("good", good, 4), GeneratorHandle("dying", dying, 4)]  # one prompt goes to the last
+    failed = []
+
+    def on_failure(handle, exc):
+        failed.append(handle.member_id)
+        live.remove(handle)
+
+    gateway, server, _ = served([])
+    gateway.generate = lambda prompt, sampling: rollout.generate([prompt], sampling, lambda: list(live), on_failure,
+                                                                 structlog.get_logger(), poll_s=0.05)[0]
+    outcomes = run_agents(gateway, server.url, good_agent_for_1, _examples(1), 1, timeout_s=10, max_concurrency=1)
+    (outcome,) = outcomes[0]
+    assert (outcome.reason, outcome.reward) == (None, 1.0)
+    assert failed == ["dying"] and (dying.calls, good.calls) == (1, 1)
+    assert [t.completion_ids for t in outcome.record.turns] == [[*chars(tok, "1"), eos]]
+    assert outcome_metrics(outcomes)["agent_errors"] == 0
+
+
+async def good_agent_for_1(example, client):
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "0+1"}])
+    return float(reply.choices[0].message.content == "1")
+
+
+# ---------------------------------------------------------------------- LLM-as-judge (issue item 6)
+
+JUDGE_TEMPLATE = "Q:{question} A:{answer} R:{reference}"
+
+
+async def judged(example, client):
+    from coordinator.loop.gateway.judge import Judge
+
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": example["prompt"]}])
+    answer = reply.choices[0].message.content
+    return await Judge(JUDGE_TEMPLATE, max_score=10).score(client, example["prompt"], answer, example["answer"])
+
+
+def test_a_judge_is_a_side_call_the_episode_never_records(served, tok):
+    gateway, server, generator = served([chars(tok, "1"), chars(tok, "Score: 8"), chars(tok, "2"), chars(tok, "fine")])
+    outcomes = run_agents(gateway, server.url, judged, _examples(1), 1, timeout_s=5, max_concurrency=1)
+    outcomes += run_agents(gateway, server.url, judged, _examples(1), 1, timeout_s=5, max_concurrency=1)
+    (good,), (bad,) = outcomes
+    assert (good.reason, good.reward) == (None, 0.8)
+    assert generator.temperatures[1] == 0.0  # the judge samples greedily
+    assert generator.prompts[1] == tok(tok.apply_chat_template(  # the judge's prompt is its own message alone
+        [{"role": "user", "content": "Q:0+1 A:1 R:1"}], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False)["input_ids"]
+    assert [t.completion_ids for t in good.record.turns] == [generator.sampled[0]]  # only the policy's answer
+    assert good.record.tokens == generator.prompts[0] + generator.sampled[0]
+    from coordinator.loop.gateway.agents import EndReason
+    assert bad.reason is EndReason.JUDGE_UNPARSABLE and "has no score" in bad.info["error"]
+    counts = outcome_metrics(outcomes)
+    assert (counts["side_calls"], counts["ended_judge_unparsable"], counts["model_turns"]) == (2, 1, 2)
+
+
+def test_a_malformed_tandem_field_is_a_clear_400(served, tok):
+    gateway, server, _ = served([])
+    api = client(server, gateway.open_episode("t").token)
+    with pytest.raises(openai.BadRequestError, match='takes {"record": true|false} only'):
+        api.chat.completions.create(model="m", messages=[{"role": "user", "content": "1"}],
+                                    extra_body={"tandem": {"record": "no"}})
+    with pytest.raises(openai.BadRequestError, match="side calls .* are chat calls"):
+        api.completions.create(model="m", prompt="1", extra_body={"tandem": {"record": False}})

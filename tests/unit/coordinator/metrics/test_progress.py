@@ -76,3 +76,11 @@ def test_startup_description_counts_each_kind_against_the_config():
     assert describe_startup(cfg, members) == "trainer 1/1, generators 1/2, rewards 0/1 (waiting: arithmetic)"
     members.append(Member("reward-1", ServiceKind.REWARD, "a:3", tasks=("arithmetic",)))
     assert describe_startup(cfg, members, trainer=False) == "generators 1/2, rewards 1/1"
+
+
+def test_startup_description_counts_a_ppo_runs_critic():
+    cfg = load_config(overrides=["ppo.critic.cliprange_value=0.2"])
+    members = [Member("trainer-1", ServiceKind.TRAINER, "a:1")]
+    assert describe_startup(cfg, members).startswith("trainer 1/1, critic 0/1, generators 0/1")
+    members.append(Member("critic-1", ServiceKind.CRITIC, "a:2"))
+    assert describe_startup(cfg, members).startswith("trainer 1/1, critic 1/1, generators 0/1")

@@ -16,7 +16,7 @@ from coordinator.launch.log_cause import cause_line
 from coordinator.preflight.data import load_examples
 from coordinator.preflight.lengths import check_lengths, measure_examples
 from coordinator.preflight.machine import check_kv_cache_memory, check_machine, check_writable_dir
-from coordinator.preflight.model_files import check_model_dir
+from coordinator.preflight.model_files import check_chat_template, check_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,25 @@ def test_a_damaged_model_directory_names_the_file_and_the_key(model, damage, mes
     with pytest.raises(ConfigError, match=message) as caught:
         check_model_dir(model)
     assert str(caught.value).startswith("policy.model_name: ")
+
+
+def test_an_agent_task_needs_a_chat_model_and_says_so_before_anything_starts(model):
+    from coordinator.preflight.inputs import Preflight
+
+    with pytest.raises(ConfigError, match="env.t.agent: .* has no chat template"):
+        check_chat_template(model, "env.t.agent")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    check_chat_template(model, "env.t.agent")
+    (model / "tokenizer_config.json").write_text("{}")
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    check_chat_template(model, "env.t.agent")
+    cfg = load_config(raw={"env": {"arithmetic": {"agent": {"function": f"{__name__}._agent"}}}})
+    with pytest.raises(ConfigError, match="env.arithmetic.agent: agent tasks need a chat model .* embedded tiny"):
+        Preflight(cfg).model()
+
+
+async def _agent(example, client):
+    return 0.0
 
 
 def test_paths_the_run_writes_are_probed_and_nothing_is_left_behind(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from coordinator.config import load_config
 from coordinator.config.loading import ConfigError
-from coordinator.preflight.memory import GIB, MIB, check_memory, estimate_memory
+from coordinator.preflight.memory import GIB, MIB, ServiceMemory, check_memory, estimate_memory
 from tandem.model_memory import ModelShape, kv_cache_bytes
 
 QWEN_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
@@ -49,8 +49,18 @@ def test_each_service_of_a_0_5b_run_by_hand():
         "weights": 4 * N, "kv cache": 256 * 32 * 24576 * 5 // 4, "weight update": 8 * N + 512 * MIB,
         "base": 1152 * MIB}
     assert coordinator.each == 448 * MIB and reward.each == 96 * MIB
-    assert estimate.total == trainer.each + generator.each + coordinator.each + reward.each
-    assert round(trainer.each / GIB, 2) == 10.11 and round(estimate.total / GIB, 1) == 18.0
+    rest = coordinator.each + reward.each
+    # the generator frees its weights while the trainer trains (a synchronous CPU run's default);
+    # the trainer's gradients, logits and activations exist only then
+    training = trainer.each + generator.parts["kv cache"] + generator.parts["base"] + rest
+    otherwise = trainer.each - 4 * N - trainer.parts["logits"] - trainer.parts["activations"] + generator.each + rest
+    assert estimate.total == max(training, otherwise) == otherwise
+    assert round(trainer.each / GIB, 2) == 10.11 and round(estimate.total / GIB, 1) == 15.4
+    assert "(while the trainer trains 12.0, otherwise 15.4)" in estimate.describe()
+    kept = estimate_memory(load_config(overrides=[*WORKLOAD, "policy.generation.free_weights_while_training=false"]),
+                           ModelShape.from_config(QWEN_05B))
+    kept_training = training + generator.parts["weights"]
+    assert sum(s.while_training() for s in kept.services) == kept_training and kept.total == max(kept_training, otherwise)
     assert "trainer 10.11 GiB (parameters 1.84, adam 3.68, reference 0.92" in estimate.describe()
 
     fixed = estimate_memory(load_config(overrides=[*WORKLOAD, "policy.generation.vllm_cfg.kv_cache_space_gib=1",
@@ -59,7 +69,7 @@ def test_each_service_of_a_0_5b_run_by_hand():
     trainer, generator = fixed.services[:2]
     assert generator.count == 2 and generator.parts["kv cache"] == GIB and generator.parts["weights"] == 2 * N
     assert trainer.parts["reference"] == 2 * N and trainer.parts["adam"] == 4 * N and trainer.parts["base"] == GIB
-    assert fixed.total == sum(s.each * s.count for s in fixed.services)
+    assert fixed.total == max(sum(s.while_training() for s in fixed.services), sum(s.otherwise() for s in fixed.services))
 
 
 def test_a_run_that_cannot_fit_is_refused_before_it_starts():
@@ -70,8 +80,25 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts():
     with pytest.raises(ConfigError) as err:
         check_memory(cfg, estimate, 12 * GIB)
     message = str(err.value)
-    assert "needs about 18.0 GiB" in message and "has 12.0 GiB available" in message
+    assert "needs about 15.4 GiB" in message and "has 12.0 GiB available" in message
     assert "trainer 10.11 GiB" in message and "generator 7.38 GiB" in message
     assert "policy.precision=bfloat16" in message and "policy.train_micro_batch_size" in message
     external = load_config(overrides=[*WORKLOAD, "cluster.launch=external"])
     check_memory(external, estimate_memory(external, ModelShape.from_config(QWEN_05B)), GIB)  # nothing started here
+
+
+def test_a_ppo_run_counts_its_critic():
+    # the critic: the policy's body in fp32 (4 N), Adam 8 N, gradients 4 N, the activations of a
+    # micro-batch of 8 (ppo.critic.train_micro_batch_size) and one trainer rank's base
+    estimate = estimate_memory(load_config(overrides=[*WORKLOAD, "ppo.critic.train_micro_batch_size=8"]),
+                               ModelShape.from_config(QWEN_05B))
+    critic = next(s for s in estimate.services if s.name == "critic")
+    assert critic.count == 1 and critic.parts == {"parameters": 4 * N, "adam": 8 * N, "gradients": 4 * N,
+                                                  "activations": 8 * 32 * 24 * 896 * 16, "base": 512 * MIB}
+    without = estimate_memory(load_config(overrides=WORKLOAD), ModelShape.from_config(QWEN_05B))
+    # it trains while the policy's trainer trains: its gradients and activations count in that phase only
+    training, rest = (sum(f(s) for s in estimate.services) for f in (ServiceMemory.while_training,
+                                                                       ServiceMemory.otherwise))
+    assert training == sum(s.while_training() for s in without.services) + critic.each
+    assert rest == sum(s.otherwise() for s in without.services) + 12 * N + 512 * MIB
+    assert estimate.total == max(training, rest)
