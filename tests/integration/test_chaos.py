@@ -70,7 +70,9 @@ def test_ten_faults_of_ten_kinds_and_the_run_equals_the_fault_free_one(tmp_path)
     assert outcome.launches == 2  # the coordinator was killed once and run again
 
 
-ASYNC_SEED, ASYNC_STEPS = 5, 30
+ASYNC_SEED, ASYNC_STEPS = 5, 50
+"""Steps enough for every fault to land on an idle machine too, where a step of the tiny model
+takes ~0.2 s and the steps run on while the disk is full (30 were too few there)."""
 ASYNC_KINDS = [FaultKind.GENERATOR_KILL, FaultKind.REWARD_HANG, FaultKind.RANK_KILL, FaultKind.COORDINATOR_KILL,
                FaultKind.DISK_FULL]
 
@@ -80,7 +82,7 @@ def test_async_grpo_under_five_kinds_of_faults_loses_no_sample_and_trains_none_t
     kinds = [k for k in ASYNC_KINDS if k is not FaultKind.DISK_FULL or no_disk is None]
     if no_disk:
         print(f"\nasync: without the full disk ({no_disk})")
-    plan = schedule(ASYNC_SEED, len(kinds), rate_per_min=60.0, kinds=kinds, max_hang_s=3.0)
+    plan = schedule(ASYNC_SEED, len(kinds), rate_per_min=120.0, kinds=kinds, max_hang_s=2.0)
     nemesis = Nemesis(tmp_path / "chaos", ASYNC_STEPS, ASYNC_SEED, plan, overrides=ASYNC_ARGS,
                       disk_mb=None if no_disk else 64)
     try:

@@ -106,3 +106,20 @@ def test_a_full_disk_during_dcp_s_metadata_is_an_ordinary_error_and_the_next_sav
     backend.train_step(SAMPLES, LOSS, 8, 4, 1e-3)  # training goes on
     backend.save_checkpoint(tmp_path / "ckpt")
     assert checkpoint.is_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_failed_background_write_never_stops_the_next_save_on_its_rank_alone(backend, tmp_path, monkeypatch):
+    """The next save used to raise the previous write's error before any collective, on the rank
+    whose write failed only: the other ranks went on into DCP's collectives and the trainer hung
+    (benchmarks/chaos.py, a full disk while rank 0 wrote and rank 1's save failed the call, so no
+    checkpoint_written asked rank 0 for its error). The failed checkpoint stays incomplete; the
+    next save and a load go on. Fails without the fix: the second save raises "no space left"."""
+    def dies_midway(self):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(checkpoint.RawWriter, "write_file", dies_midway)
+    backend.save_checkpoint(tmp_path / "first", background=True)  # its write fails; nobody asks
+    monkeypatch.undo()
+    backend.save_checkpoint(tmp_path / "second", background=True)
+    assert backend.checkpoint_written(tmp_path / "second", timeout_s=30)
+    assert checkpoint.is_checkpoint(tmp_path / "second") and not checkpoint.is_checkpoint(tmp_path / "first")
