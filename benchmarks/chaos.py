@@ -14,7 +14,10 @@ wherever the run is (a rollout, a publish, a checkpoint). Kinds (`FaultKind`):
   it), of one trainer rank or of the torchrun agent (the loop relaunches the trainer and resumes
   from the last checkpoint), of the coordinator (the nemesis runs the same command again: it
   resumes by itself and adopts the services that outlived it);
-- SIGSTOP, then SIGCONT after hang_s, of the same processes (a hang, not a death).
+- SIGSTOP, then SIGCONT after hang_s, of the same processes (a hang, not a death);
+- a full disk (DISK_FULL, with `--disk-mb`): the run's checkpoints go to a small tmpfs that only
+  the run sees (benchmarks/chaos_disk.py: a user and mount namespace, no root needed), which the
+  nemesis fills to the last byte for hang_s seconds, so the checkpoints written meanwhile fail.
 
 The services' pids come from where the fault tests read them (tests/integration/run_files.py):
 <run>/services.json, torchrun's children by their RANK. Every fault goes to <work>/faults.jsonl
@@ -24,10 +27,13 @@ GRPO steps past the last one logged before the fault: RECOVERED_AFTER).
 The checker (`check`): the per-step training figures (loss, rewards, grad norm, KL, ...) and the
 exported final weights equal the fault-free run's (fp32 over gloo; exact, because every
 recovery replays from a checkpoint that holds the trainer's state, the data cursor and the RNG,
-and every sample's sampling seed is global: coordinator/loop/rollout.py); nothing the run
+and every sample's sampling seed is global: coordinator/loop/rollout.py), and each step trained
+the same prompts (the runs' <run>/ledger.jsonl, coordinator/loop/ledger.py); nothing the run
 started is alive at the end (every process whose environment names the run's TANDEM_HOME);
 the checkpoint directory holds every checkpoint it claims (`latest` and the last
-checkpointing.keep_top_k saves logged, each complete).
+checkpointing.keep_top_k saves logged, each complete). An asynchronous run (`--async`,
+`check_async`) has no fault-free twin: its ledger must account for every sample (none trained
+twice, none lost, every step a full batch within the age bound), with the same last two checks.
 
 Figures go to <out>/chaos-<seed>.json and a line to stdout: faults survived (per hour of run),
 time to recover per kind (median, max), the verdict.
@@ -56,19 +62,24 @@ from benchmarks.chaos_check import (
     check,
     check_async,
     figures,
+    joins,
     last_step,
+    ledger_figures,
     markdown,
     services,
     stop_everything,
     torchrun_rank,
 )
+from benchmarks.chaos_disk import SmallDisk
 from benchmarks.portable_args import without_paths
 
 RUN_NAME = "chaos"
 RECOVERED_AFTER = 2
 """A run has recovered from a fault once it logged this many GRPO steps past the last one logged
 before it: the step in flight when it landed (its rollout may have been done already), and one
-that began after it. So a recovery time includes about one step's time."""
+that began after it. So a recovery time includes about one step's time. A killed generator or
+reward service must also have registered again (async GRPO logs steps from batches sampled
+before the kill, which charged the relaunch to the next fault)."""
 
 
 class FaultKind(enum.Enum):
@@ -82,10 +93,20 @@ class FaultKind(enum.Enum):
     AGENT_HANG = "agent_hang"
     COORDINATOR_KILL = "coordinator_kill"
     COORDINATOR_HANG = "coordinator_hang"
+    DISK_FULL = "disk_full"
 
     @property
     def hang(self) -> bool:
         return self.value.endswith("_hang")
+
+    @property
+    def lasts(self) -> bool:
+        """A fault with a duration (hang_s): a hang, or a full disk."""
+        return self.hang or self is FaultKind.DISK_FULL
+
+
+SIGNALLED = [k for k in FaultKind if k is not FaultKind.DISK_FULL]
+"""The kinds that signal a process (the full disk needs a run on a small filesystem: `Nemesis(disk_mb=...)`)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +115,7 @@ class Fault:
     delay_s: float
     """After the run recovered from the previous fault (the first: after GRPO step 1)."""
     hang_s: float = 0.0
-    """SIGSTOP -> SIGCONT (hangs only)."""
+    """SIGSTOP -> SIGCONT (hangs), or how long the disk stays full (DISK_FULL)."""
     rank: int = 0
     """The trainer rank (rank faults only)."""
     startup: bool = False
@@ -110,7 +131,7 @@ def schedule(seed: int, count: int, rate_per_min: float, kinds: list[FaultKind],
     faults = []
     for kind in order[:count]:
         faults.append(Fault(kind, round(rng.expovariate(rate_per_min / 60.0), 2),
-                            round(rng.uniform(1.0, max_hang_s), 2) if kind.hang else 0.0, rng.randrange(ranks)))
+                            round(rng.uniform(1.0, max_hang_s), 2) if kind.lasts else 0.0, rng.randrange(ranks)))
     return faults
 
 
@@ -126,6 +147,7 @@ def run_args(steps: int, seed: int, run_name: str = RUN_NAME) -> list[str]:
             f"grpo.max_num_steps={steps}", f"grpo.seed={seed}", "grpo.val_period=0", "grpo.max_val_samples=8",
             f"grpo.num_prompts_per_step={PROMPTS}", f"grpo.num_generations_per_prompt={GENERATIONS}", "policy.train_global_batch_size=16",
             "policy.train_micro_batch_size=8", "policy.precision=float32", "checkpointing.save_period=1",
+            "checkpointing.max_failed_saves=1000",  # a full disk lasts seconds: many steps of the tiny model
             "data.num_train=200", "data.num_val=8", "cluster.trainer_ranks=2", "cluster.num_generators=1",
             "cluster.restart_backoff_s=0.5", "cluster.max_service_restarts=1000", "cluster.max_trainer_restarts=1000",
             "logger.plot_enabled=false", "logger.tensorboard_enabled=false", "logger.log_dir=runs",
@@ -157,17 +179,26 @@ class Outcome:
     wall_s: float
     faults: list[Injected] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    checkpoints: Path | None = None
+    """Where the run's checkpoints are to check (None: <run>/checkpoints; a small disk's: a copy)."""
 
 
 class Nemesis:
     """Runs `tandem run` in `work` and fires `faults` one after another (see the module's doc)."""
 
     def __init__(self, work: Path, steps: int, seed: int, faults: list[Fault], *, run_name: str = RUN_NAME,
-                 timeout_s: float = 1800.0, recover_timeout_s: float = 300.0, log=print, overrides=()):
-        """overrides: more `tandem run` arguments (e.g. cluster.stopped_kill_s=5)."""
+                 timeout_s: float = 1800.0, recover_timeout_s: float = 300.0, log=print, overrides=(),
+                 disk_mb: int | None = None):
+        """overrides: more `tandem run` arguments (e.g. cluster.stopped_kill_s=5). disk_mb: the
+        checkpoints go to a tmpfs of this size that only the run sees (benchmarks/chaos_disk.py),
+        which DISK_FULL faults fill."""
         self.work, self.steps, self.seed, self.faults = work, steps, seed, faults
         self.run_dir, self.home = work / "runs" / run_name, work / "home"
-        self.args = [*run_args(steps, seed, run_name), *overrides]
+        self.disk = SmallDisk(work / "disk", disk_mb) if disk_mb else None
+        if self.disk is None and any(f.kind is FaultKind.DISK_FULL for f in faults):
+            raise ValueError("disk_full faults need a small disk: Nemesis(disk_mb=...)")
+        disk_args = [f"checkpointing.checkpoint_dir={self.disk.path / 'checkpoints'}"] if self.disk else []
+        self.args = [*run_args(steps, seed, run_name), *disk_args, *overrides]
         self.timeout_s, self.recover_timeout_s, self._log = timeout_s, recover_timeout_s, log
         self.launches = 0
         self.proc: subprocess.Popen | None = None
@@ -180,7 +211,8 @@ class Nemesis:
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # this checkout
         env.pop("TANDEM_TOKEN", None)
         with open(self.work / f"console-{self.launches}.txt", "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli.main", *self.args], cwd=self.work,
+            prefix = self.disk.prefix(self.work) if self.disk else []  # the run sees the small disk
+            self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "coordinator.cli.main", *self.args], cwd=self.work,
                                          env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
 
@@ -203,6 +235,8 @@ class Nemesis:
     def run(self) -> Outcome:
         self.work.mkdir(parents=True, exist_ok=True)
         self._fault_log.write_text("")
+        if self.disk:
+            self.disk.start()
         self._started = time.monotonic()
         self._launch()
         outcome = Outcome(self.run_dir, self.home, -1, 0, 0.0)
@@ -222,6 +256,11 @@ class Nemesis:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             outcome.returncode, outcome.launches, outcome.wall_s = self.proc.returncode, self.launches, self._elapsed()
+            if self.disk:
+                outcome.checkpoints = self.work / "checkpoints-at-end"
+                self.disk.free()
+                self.disk.copy_out("checkpoints", outcome.checkpoints)
+                self.disk.close()
         return outcome
 
     def _fire(self, fault: Fault, outcome: Outcome) -> bool:
@@ -242,15 +281,22 @@ class Nemesis:
             self._log(f"skipped {fault.kind.value}: {note}")
             return True
         injected = Injected(fault.kind.value, round(self._elapsed(), 2), step, pid, fault.hang_s, note=note)
+        joined = joins(self.run_dir)
+        rejoins = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.REWARD_KILL)
         started = time.monotonic()
         group = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.GENERATOR_HANG, FaultKind.REWARD_KILL,
                                FaultKind.REWARD_HANG)
         send = os.killpg if group else os.kill
-        try:
-            send(pid, signal.SIGSTOP if fault.kind.hang else signal.SIGKILL)
-        except ProcessLookupError:
-            outcome.skipped.append(f"{fault.kind.value}: pid {pid} was gone")
-            return True
+        if fault.kind is FaultKind.DISK_FULL:
+            injected.note = f"{self.disk.fill() / 2**20:.1f} MB filled the disk"
+            time.sleep(fault.hang_s)  # the checkpoints written meanwhile find it full
+            self.disk.free()
+        else:
+            try:
+                send(pid, signal.SIGSTOP if fault.kind.hang else signal.SIGKILL)
+            except ProcessLookupError:
+                outcome.skipped.append(f"{fault.kind.value}: pid {pid} was gone")
+                return True
         if fault.kind.hang:
             time.sleep(fault.hang_s)
             try:
@@ -261,7 +307,8 @@ class Nemesis:
             self.proc.wait(timeout=30)
             self._launch()  # the same command again, as a user would
         try:
-            self._wait(lambda: last_step(self.run_dir) >= step + RECOVERED_AFTER or self.proc.poll() == 0,
+            self._wait(lambda: (last_step(self.run_dir) >= step + RECOVERED_AFTER
+                                and (not rejoins or joins(self.run_dir) > joined)) or self.proc.poll() == 0,
                        f"a GRPO step after {fault.kind.value}", self.recover_timeout_s)
         except (TimeoutError, RunExited) as exc:
             injected.note = f"{note} NOT RECOVERED: {exc}".strip()
@@ -286,6 +333,8 @@ class Nemesis:
         kind = fault.kind
         if kind in (FaultKind.COORDINATOR_KILL, FaultKind.COORDINATOR_HANG):
             return self.proc.pid, ""
+        if kind is FaultKind.DISK_FULL:
+            return self.disk.pid, ""
         name = {FaultKind.GENERATOR_KILL: "generator-0", FaultKind.GENERATOR_HANG: "generator-0",
                 FaultKind.REWARD_KILL: "reward-arithmetic", FaultKind.REWARD_HANG: "reward-arithmetic"}.get(kind, "trainer")
         pid = pids.get(name)
@@ -320,6 +369,8 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=20, help="at most this many faults (fewer if the run ends)")
     parser.add_argument("--rate", type=float, default=6.0, help="faults per minute of run (mean)")
     parser.add_argument("--kinds", default=",".join(k.value for k in FaultKind))
+    parser.add_argument("--disk-mb", type=int, default=64,
+                        help="with disk_full among the kinds: the size of the run's checkpoint disk (a tmpfs)")
     parser.add_argument("--max-hang-s", type=float, default=8.0, help="hangs last 1 s to this long")
     parser.add_argument("--stopped-kill-s", type=float, default=5.0,
                         help="cluster.stopped_kill_s of the run with faults: a hang longer than this is replaced")
@@ -351,15 +402,23 @@ def main() -> int:
         ref_wall = ref.wall_s
         print(f"fault-free run: {ref.wall_s:.0f}s", flush=True)
     shutil.rmtree(work / "chaos", ignore_errors=True)
-    outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True),
-                      overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}",
-                                 *(ASYNC_ARGS if args.asynchronous else [])]).run()
-    verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, batch=PROMPTS * GENERATIONS, max_age=1)
-               if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home))
+    disk_mb = args.disk_mb if any(f.kind is FaultKind.DISK_FULL for f in plan) else None
+    try:
+        outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True),
+                          overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}",
+                                     *(ASYNC_ARGS if args.asynchronous else [])], disk_mb=disk_mb).run()
+    except BaseException:
+        stop_everything(work / "chaos" / "home")
+        raise
+    verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, groups=PROMPTS, generations=GENERATIONS,
+                           max_age=1, checkpoints=outcome.checkpoints)
+               if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home, checkpoints=outcome.checkpoints))
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
     stop_everything(outcome.home)  # after a failed run
     result["reference_wall_s"] = round(ref_wall, 1)
     result["asynchronous"] = args.asynchronous
+    if args.asynchronous:
+        result["ledger"] = ledger_figures(outcome.run_dir)
     result["command"] = "benchmarks/chaos.py " + " ".join(without_paths(sys.argv[1:], ("--work", "--out")))
     args.out.mkdir(parents=True, exist_ok=True)
     mode = "-async" if args.asynchronous else ""

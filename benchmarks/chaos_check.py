@@ -5,7 +5,9 @@ directory (read as tests/integration/run_files.py reads it), and the figures the
 Equal means: every GRPO step's training figures (COMPARED) and the exported final weights within
 `tolerance` of the fault-free run's (fp32 over gloo: in practice bit for bit, because every
 recovery replays from a checkpoint that holds the trainer's state, the data cursor and the RNG,
-and every sample's sampling seed is global: coordinator/loop/rollout.py); nothing the run started
+and every sample's sampling seed is global: coordinator/loop/rollout.py), and every step trained
+the same prompts, every sample accounted for (the runs' ledgers: coordinator/loop/ledger.py);
+nothing the run started
 alive at the end (any process whose environment names the run's TANDEM_HOME); the checkpoint
 directory holding every checkpoint it claims (`latest`, and the last checkpointing.keep_top_k
 saves its coordinator logged, each complete).
@@ -20,6 +22,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from coordinator.loop.ledger import StepSamples, account
 
 # --- what a live run leaves in its directory (as tests/integration/run_files.py reads it) -----
 
@@ -38,6 +42,15 @@ def grpo_rows(run_dir: Path) -> list[dict]:
 
 def last_step(run_dir: Path) -> int:
     return max((r["step"] for r in grpo_rows(run_dir)), default=0)
+
+
+def joins(run_dir: Path) -> int:
+    """Services that registered with the run's coordinators so far (member_joined in coordinator.log)."""
+    log = run_dir / "logs" / "coordinator.log"
+    try:
+        return log.read_text(errors="replace").count('"event": "member_joined"')
+    except OSError:
+        return 0
 
 
 def services(run_dir: Path) -> dict[str, int]:
@@ -121,7 +134,8 @@ class Verdict:
 
 
 def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float = 1e-6,
-          settle_s: float = 15.0) -> Verdict:
+          settle_s: float = 15.0, checkpoints: Path | None = None) -> Verdict:
+    """checkpoints: where the run's checkpoints are (default <chaos_dir>/checkpoints)."""
     from safetensors.torch import load_file
 
     problems: list[str] = []
@@ -150,12 +164,31 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
             problems.append(f"final weights differ (max |diff| {max_weight_diff:.3g})")
     except OSError as exc:
         problems.append(f"no final weights ({type(exc).__name__})")
+    steps_equal &= _same_samples(reference_dir, chaos_dir, problems)
     left = _left_running(home, settle_s)
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
-    checkpoints_ok = _check_checkpoints(chaos_dir, problems)
+    checkpoints_ok = _check_checkpoints(chaos_dir, problems, checkpoints)
     return Verdict(steps_equal and weights_equal, steps_equal, weights_equal, max_diff, max_weight_diff, left,
                    checkpoints_ok, problems)
+
+
+def _same_samples(reference_dir: Path, chaos_dir: Path, problems: list[str]) -> bool:
+    """Synchronous: the ledger of the run with faults accounts for every sample (none twice, none
+    lost, every one sampled by the weights its step trained: age 0), and each step trained the
+    same prompts as the fault-free run's (versions may differ: a restart publishes the restored
+    weights as a new version)."""
+    (ref, ref_broken), (got, got_broken) = ledger(reference_dir), ledger(chaos_dir)
+    found = got_broken + [f"fault-free run: {p}" for p in ref_broken]
+    if ref and not found:
+        found += account(got, steps=len(ref), groups=len(ref[0].trained),
+                         generations=len(ref[0].trained[0].versions), max_age=0)
+        for a, b in zip(ref, got):
+            if [g.draw for g in a.trained] != [g.draw for g in b.trained]:
+                found.append(f"step {a.step}: trained prompts {[g.draw for g in b.trained]}, "
+                             f"not {[g.draw for g in a.trained]}")
+    problems += [f"ledger: {p}" for p in found]
+    return not found
 
 
 def _cmdline(pid: int) -> str:
@@ -174,12 +207,15 @@ def _steps(steps: list[int]) -> str:
     return f"{steps[0]}..{steps[-1]}" if steps and steps == list(range(steps[0], steps[-1] + 1)) else str(steps)
 
 
-def _check_checkpoints(run_dir: Path, problems: list[str]) -> bool:
+def _check_checkpoints(run_dir: Path, problems: list[str], root: Path | None = None) -> bool:
     """`latest` names a complete checkpoint; so does every checkpoint the run's last session
     logged as saved that keep_top_k keeps; every step directory there is complete."""
     import yaml
 
-    root = run_dir / "checkpoints"
+    root = root or run_dir / "checkpoints"
+    if not (run_dir / "config.yaml").is_file():
+        problems.append("no config.yaml: the run stopped before it began (its console says why)")
+        return False
     keep = yaml.safe_load((run_dir / "config.yaml").read_text())["checkpointing"]["keep_top_k"]
     ok = True
     latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
@@ -212,15 +248,18 @@ def _complete(path: Path) -> bool:
             and any((trainer / "dcp").glob(".metadata")))
 
 
-def check_async(run_dir: Path, home: Path, *, steps: int, batch: int, max_age: int, settle_s: float = 15.0) -> Verdict:
+def check_async(run_dir: Path, home: Path, *, steps: int, groups: int, generations: int, max_age: int,
+                settle_s: float = 15.0, checkpoints: Path | None = None) -> Verdict:
     """An asynchronous run has no fault-free twin to equal: which weights sampled a batch depends on
     timing. What it must keep: every step 1..steps trained once in the run's final history (a
     restart drops the rows after its checkpoint and trains those steps again, on the restored
-    state), each on a full batch (`batch` samples), none older than `max_age` versions; the
-    exported weights; nothing left running; the checkpoints it claims. Not checked here: the
-    identity of each prompt trained (the run does not log it; the cursor in each checkpoint,
-    coordinator/checkpoint/resume.py, is what makes a resume draw the prompts after it)."""
-    problems: list[str] = []
+    state), each on a full batch (`groups` x `generations` samples), none older than `max_age`
+    versions; every sample accounted for by the run's ledger (`account`: none trained twice, none
+    lost, each drop with its reason); the exported weights; nothing left running; the
+    checkpoints it claims."""
+    batch = groups * generations
+    records, problems = ledger(run_dir)
+    problems += account(records, steps=steps, groups=groups, generations=generations, max_age=max_age)
     rows = grpo_rows(run_dir)
     logged = [r["step"] for r in rows]
     if logged != list(range(1, steps + 1)):
@@ -237,9 +276,38 @@ def check_async(run_dir: Path, home: Path, *, steps: int, batch: int, max_age: i
     left = _left_running(home, settle_s)
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
-    checkpoints_ok = _check_checkpoints(run_dir, problems)
+    checkpoints_ok = _check_checkpoints(run_dir, problems, checkpoints)
     fine = not problems
     return Verdict(fine, fine, fine, 0.0, 0.0, left, checkpoints_ok, problems, asynchronous=True)
+
+
+def ledger(run_dir: Path) -> tuple[list[StepSamples], list[str]]:
+    """<run>/ledger.jsonl's records (coordinator/loop/ledger.py), in order, and its unreadable lines."""
+    path = run_dir / "ledger.jsonl"
+    records, problems = [], []
+    for number, line in enumerate(path.read_text().splitlines() if path.is_file() else [], 1):
+        try:
+            records.append(StepSamples.from_json(json.loads(line)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            problems.append(f"ledger.jsonl line {number} unreadable ({type(exc).__name__})")
+    if not path.is_file():
+        problems.append("no ledger.jsonl")
+    return records, problems
+
+
+def ledger_figures(run_dir: Path) -> dict:
+    """What an async run's ledger accounts for: samples trained, prompts drawn, groups' samples
+    dropped (by reason), and the resumes its history went through (coordinator.log)."""
+    records, _ = ledger(run_dir)
+    dropped: dict[str, int] = {}
+    for record in records:
+        for d in record.dropped:
+            dropped[d.reason.value] = dropped.get(d.reason.value, 0) + len(d.group.versions)
+    draws = {g.draw for r in records for g in r.trained} | {d.group.draw for r in records for d in r.dropped}
+    log = run_dir / "logs" / "coordinator.log"
+    resumes = log.read_text(errors="replace").count('"event": "resumed"') if log.is_file() else 0
+    return {"trained": sum(len(g.versions) for r in records for g in r.trained), "draws": len(draws),
+            "dropped": sum(dropped.values()), "dropped_by_reason": dropped, "resumes": resumes}
 
 
 def _left_running(home: Path, settle_s: float) -> list[int]:
@@ -291,7 +359,12 @@ def markdown(result: dict) -> str:
     """The figures as a dated results page: the verdict, faults survived, recovery per kind."""
     rows = "\n".join(f"| {kind} | {r['n']} | {r['median']} | {r['max']} |" for kind, r in result["recover_s"].items())
     replaced = sum("replaced" in f["note"] for f in result["faults"])
-    compared = ("Asynchronous GRPO (rollouts up to one step ahead): checked by check_async, with no fault-free twin."
+    books = result.get("ledger")
+    accounted = (f" Its ledger accounts for {books['trained']} samples trained ({books['draws']} prompts drawn) and "
+                 f"{books['dropped']} dropped ({books['dropped_by_reason'] or 'none'}), across {books['resumes']} "
+                 "resumes from a checkpoint." if books else "")
+    compared = ("Asynchronous GRPO (rollouts up to one step ahead): checked by check_async, with no fault-free twin: "
+                f"every sample id (prompt draw, generation, weight version) in the run's ledger.jsonl.{accounted}"
                 if result.get("asynchronous") else
                 f"The same seed without faults took {result.get('reference_wall_s', 0):.0f} s. Largest difference "
                 f"from it: per-step figures {result['max_metric_diff']}, final weights {result['max_weight_diff']}.")

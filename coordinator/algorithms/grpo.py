@@ -45,6 +45,7 @@ from coordinator.loop.advantages import build_advantage_fn, kl_penalized_rewards
 from coordinator.loop.context import LoopContext
 from coordinator.loop.drift_probe import check_drift
 from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.ledger import StepSamples
 from coordinator.loop.pipeline import RolloutPipeline
 from coordinator.loop.rollouts import rollout_pipeline
 from coordinator.loop.scoring import per_task_metrics
@@ -72,6 +73,9 @@ class GRPORun(Protocol):
     def checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
         """Save the trainer's state and the loop's after `step`."""
 
+    def trained(self, samples: StepSamples) -> None:
+        """Record which samples a step trained on (its ledger record, before its checkpoint)."""
+
     def service_restarts(self) -> int:
         """Services relaunched so far."""
 
@@ -94,6 +98,7 @@ def train_grpo(ctx: LoopContext, run: GRPORun, rollouts: RolloutPipeline, *, fir
                 ctx.wait_published()  # async: validate the step's own weights
                 metrics["val_accuracy"] = run.validate(ctx, step)
             metrics["service_restarts"] = float(run.service_restarts())
+            run.trained(rollouts.samples_of(step))
             if checkpointing.enabled and step % checkpointing.save_period == 0:
                 ctx.wait_published()  # the checkpoint records the version the generators serve
                 run.checkpoint(ctx, step, metrics, rollouts.cursor_after(step))

@@ -89,6 +89,24 @@ def rewrite_metrics(path: Path, history: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def truncate_ledger(path: Path, step: int) -> None:
+    """Keep the ledger's records (coordinator/loop/ledger.py) of steps up to `step`, the
+    checkpoint's: the resumed run trains the later ones again (a missing file stays missing)."""
+    if not path.is_file():
+        return
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the process's death
+        if row.get("step", step + 1) <= step:
+            rows.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(rows))
+    os.replace(tmp, path)
+
+
 def find_for(cfg) -> tuple[Path, LoopState]:
     """The checkpoint `tandem run --resume` continues from: the run is named by logger.run_name."""
     if not cfg.logger.run_name:

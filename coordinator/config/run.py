@@ -91,6 +91,12 @@ class CheckpointingConfig(Section):
     """GRPO steps between checkpoints."""
     keep_top_k: int = Field(2, ge=1)
     """Checkpoints kept (the newest)."""
+    max_failed_saves: int = Field(3, ge=0)
+    """Checkpoints that may fail in a row (a full disk, a write error) while the run goes on:
+    each is logged (checkpoint_failed in logs/coordinator.log), its partial directory removed,
+    and the last complete checkpoint stays the one a restart resumes from; one more stops the
+    run with the error (free the space, then run the same command again to resume). 0: the
+    first failed checkpoint stops the run."""
     save_hf: bool = False
     """Also write each checkpoint's model as a Hugging Face checkpoint (<checkpoint>/hf). Every
     run ends with one in <run>/hf either way; `tandem export` makes one from any checkpoint."""

@@ -94,6 +94,12 @@ class PromptCursor:
             self.position += 1
         return batch
 
+    @property
+    def drawn(self) -> int:
+        """How many prompts were drawn so far (over all epochs): the next prompt's draw index, its
+        id in the run's stream of prompts (coordinator/loop/ledger.py)."""
+        return self.epoch * len(self._examples) + self.position
+
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 

@@ -8,11 +8,12 @@ mask) whose reward is rewards_PG[p, g].
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from coordinator.data.examples import Example
+from coordinator.loop.ledger import Dropped, DropReason, GroupIds
 from coordinator.loop.multiturn import Episode
 from trainer_svc.types import Sample
 
@@ -25,22 +26,42 @@ class RolloutGroups:
     rewards_PG: torch.Tensor
     """Task rewards as the reward services returned them (before shaping or KL)."""
     correct_PG: torch.Tensor
+    draws: tuple[int, ...] = ()
+    """Each group's prompt's draw index (PromptCursor.drawn; its samples' ids: coordinator/loop/ledger.py)."""
+    dropped: tuple[Dropped, ...] = ()
+    """Groups drawn for these and not kept (dynamic sampling's), with the reason."""
 
     @property
     def num_generations(self) -> int:
         return self.rewards_PG.shape[1]
 
     def select(self, indices: Sequence[int]) -> RolloutGroups:
-        """The groups at `indices`, in that order."""
+        """The groups at `indices`, in that order (the dropped ones stay as they are)."""
         index = torch.as_tensor(list(indices), dtype=torch.long)
         return RolloutGroups([self.examples[i] for i in indices], [self.prompts[i] for i in indices],
-                             [self.groups[i] for i in indices], self.rewards_PG[index], self.correct_PG[index])
+                             [self.groups[i] for i in indices], self.rewards_PG[index], self.correct_PG[index],
+                             tuple(self.draws[i] for i in indices) if self.draws else (), self.dropped)
+
+    def drop(self, indices: Sequence[int], reason: DropReason) -> RolloutGroups:
+        """These groups without those at `indices`, which are recorded as dropped for `reason`."""
+        ids = self.ids()
+        gone = set(indices)
+        kept = self.select([i for i in range(len(self.groups)) if i not in gone])
+        return replace(kept, dropped=(*self.dropped, *(Dropped(ids[i], reason) for i in indices if ids)))
+
+    def ids(self) -> tuple[GroupIds, ...]:
+        """Each group's sample ids (empty without draws: groups not drawn from the run's cursor)."""
+        if not self.draws:
+            return ()
+        return tuple(GroupIds(d, tuple(e.weight_version for e in group)) for d, group in zip(self.draws, self.groups))
 
     @staticmethod
     def concat(parts: Sequence[RolloutGroups]) -> RolloutGroups:
+        draws = tuple(d for p in parts for d in p.draws) if all(p.draws or not p.groups for p in parts) else ()
         return RolloutGroups([e for p in parts for e in p.examples], [x for p in parts for x in p.prompts],
                              [g for p in parts for g in p.groups], torch.cat([p.rewards_PG for p in parts]),
-                             torch.cat([p.correct_PG for p in parts]))
+                             torch.cat([p.correct_PG for p in parts]), draws,
+                             tuple(d for p in parts for d in p.dropped))
 
     def lengths_PG(self) -> torch.Tensor:
         """Completion lengths in tokens, (P, G)."""

@@ -13,10 +13,13 @@ batches ahead while the trainer trains, and generators swap weights between its 
 
 Every group is checked again when its step takes it (age = the version the trainer holds then,
 published or still on its way to the generators, - the oldest version that sampled any of its
-episodes); one older than the bound is dropped and replaced by a fresh
-group (never trained on), and counted. Each batch keeps the data cursor's state after its
-prompts were drawn, so a checkpoint of step s resumes from the prompts after batch s even when
-later batches were already drawn.
+episodes); one older than the bound is dropped (never trained on), counted, and its prompt
+sampled again by the current weights (`resample`: never a fresh prompt, which would be drawn
+beyond the cursor that later batches and the checkpoints hold, so a resume drew it again and
+trained it twice). Each batch keeps the data cursor's state after its prompts were drawn, so a
+checkpoint of step s resumes from the prompts after batch s even when later batches were
+already drawn. Each taken batch leaves its step's ledger record (loop/ledger.py: the samples it
+trains, their versions, the groups dropped and why): `samples_of(step)`.
 
 The producer runs on a thread of its own: an error there (a dead trainer, dynamic sampling
 exhausted) is raised by the `take` of the step it was producing. Stopping sets `stopping`, the
@@ -32,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.ledger import DropReason, StepSamples
 
 
 @dataclass
@@ -47,14 +51,17 @@ class RolloutBatch:
 
 Produce = Callable[[int, int], tuple[RolloutGroups, dict[str, float]]]
 """(step, number of prompt groups) -> the step's groups and their metrics (dynamic sampling inside)."""
+Resample = Callable[[int, RolloutGroups], RolloutGroups]
+"""(step, stale groups) -> the same prompts sampled and scored again by the current weights."""
 
 
 class RolloutPipeline:
-    def __init__(self, produce: Produce, num_groups: int, *, max_age: int, trainer_version: Callable[[], int],
-                 cursor_state: Callable[[], dict[str, int]], log, stopping: threading.Event | None = None):
+    def __init__(self, produce: Produce, num_groups: int, *, resample: Resample, max_age: int,
+                 trainer_version: Callable[[], int], cursor_state: Callable[[], dict[str, int]], log,
+                 stopping: threading.Event | None = None):
         if max_age < 0:
             raise ValueError(f"max_age must be >= 0, got {max_age}")
-        self._produce, self._num_groups, self.max_age = produce, num_groups, max_age
+        self._produce, self._resample, self._num_groups, self.max_age = produce, resample, num_groups, max_age
         self._trainer_version, self._cursor_state, self._log = trainer_version, cursor_state, log
         self._changed = threading.Condition()
         self._stop_waits = stopping or threading.Event()
@@ -65,6 +72,7 @@ class RolloutPipeline:
         self._stopping = False
         self._next = self._last = self._published = self._asked = 0
         self._cursors: dict[int, dict[str, int]] = {}  # step -> cursor after its batch, for taken steps
+        self._ledger: dict[int, StepSamples] = {}  # step -> the samples it trains, for taken steps
 
     def start(self, first_step: int, last_step: int) -> None:
         """Produce the batches of steps first_step..last_step (step first_step - 1 counts as published)."""
@@ -110,12 +118,17 @@ class RolloutPipeline:
             batch = self._batches.pop(step)
         batch.metrics["time_rollout_wait_s"] = time.perf_counter() - waited
         self._cursors = {step: batch.cursor_after}
-        return self._fresh(batch)
+        batch, self._ledger = self._fresh(batch)
+        return batch
 
     def cursor_after(self, step: int) -> dict[str, int]:
         """The data cursor's state after step `step`'s prompts (the step last taken): what a
         checkpoint of that step resumes from."""
         return self._cursors[step]
+
+    def samples_of(self, step: int) -> StepSamples:
+        """The ledger record of step `step` (the step last taken): which samples it trains."""
+        return self._ledger[step]
 
     # ------------------------------------------------------------------ producer side
 
@@ -155,19 +168,21 @@ class RolloutPipeline:
 
     # ------------------------------------------------------------------ the age bound
 
-    def _fresh(self, batch: RolloutBatch) -> RolloutBatch:
-        """Drop (and replace) the groups older than the bound; record the ages."""
+    def _fresh(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[int, StepSamples]]:
+        """Drop the groups older than the bound and sample their prompts again; record the ages
+        and the step's ledger record."""
         version = self._trainer_version()
         ages = [version - min(e.weight_version for e in group) for group in batch.rollouts.groups]
-        keep = [i for i, age in enumerate(ages) if age <= self.max_age]
-        dropped = len(ages) - len(keep)
+        stale = [i for i, age in enumerate(ages) if age > self.max_age]
         rollouts = batch.rollouts
-        if dropped:
-            self._log.warning("stale_groups_dropped", step=batch.step, groups=dropped, max_age=self.max_age,
+        if stale:
+            self._log.warning("stale_groups_dropped", step=batch.step, groups=len(stale), max_age=self.max_age,
                               ages=sorted(set(ages)))
-            replacement = self._make(batch.step, dropped).rollouts  # sampled by the current weights
-            rollouts = RolloutGroups.concat([rollouts.select(keep), replacement])
-        kept_ages = [ages[i] for i in keep] + [0] * dropped
+            with self._produce_lock:
+                again = self._resample(batch.step, rollouts.select(stale))  # by the current weights
+            rollouts = RolloutGroups.concat([rollouts.drop(stale, DropReason.STALE), again])
+        kept_ages = [version - min(e.weight_version for e in group) for group in rollouts.groups]
         batch.metrics.update(trajectory_age_mean=sum(kept_ages) / len(kept_ages), trajectory_age_max=float(max(kept_ages)),
-                             stale_groups_dropped=float(dropped))
-        return RolloutBatch(batch.step, rollouts, batch.metrics, batch.cursor_after)
+                             stale_groups_dropped=float(len(stale)))
+        ledger = {batch.step: StepSamples(batch.step, version, rollouts.ids(), rollouts.dropped)}
+        return RolloutBatch(batch.step, rollouts, batch.metrics, batch.cursor_after), ledger

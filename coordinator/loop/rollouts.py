@@ -15,6 +15,11 @@ raw task rewards, before shaping.
 
 Sampling is seeded by (grpo.seed, step), and a later round of the same step by its index, so a
 resumed run draws the same completions.
+
+Every group keeps its prompt's draw index (PromptCursor.drawn), which with the generation index
+and the weight version is each sample's id in the run's ledger (loop/ledger.py); the groups
+dynamic sampling discards are kept as dropped, with their reason. Async GRPO's groups that grew
+too old before their step took them are sampled again from the same prompts (`resample`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from coordinator.loop import rollout
 from coordinator.loop.gateway.agents import AgentRunner
 from coordinator.loop.gateway.service import GatewayDefaults
 from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.ledger import DropReason
 from coordinator.loop.multiturn import Episode, multi_turn_tasks, run_episodes
 from coordinator.loop.pipeline import RolloutPipeline
 from reward_svc.types import ScoreItem
@@ -41,7 +47,7 @@ def rollout_pipeline(ctx) -> RolloutPipeline:
     groups by produce_batch, within grpo.async_grpo's age bound (0: synchronous)."""
     grpo = ctx.cfg.grpo
     return RolloutPipeline(lambda step, num_groups: produce_batch(ctx, step, num_groups), grpo.num_prompts_per_step,
-                           max_age=grpo.async_grpo.max_age, trainer_version=lambda: ctx.trainer_version,
+                           resample=lambda step, stale: resample(ctx, step, stale), max_age=grpo.async_grpo.max_age, trainer_version=lambda: ctx.trainer_version,
                            cursor_state=lambda: ctx.cursor.state(), log=ctx.log, stopping=ctx.stopping)
 
 
@@ -61,15 +67,30 @@ def produce_batch(ctx, step: int, num_groups: int) -> tuple[RolloutGroups, dict[
 
 def rollout_round(ctx, step: int, round_index: int, num_prompts: int) -> RolloutGroups:
     """The next `num_prompts` prompts, rolled out and scored (one round of dynamic sampling)."""
+    first = ctx.cursor.drawn
     batch = ctx.cursor.next_batch(num_prompts)
-    prompts = [list(e.prompt_ids) for e in batch]
     sampling = step_sampling(ctx.cfg, step)
     if round_index and sampling.seed is not None:  # a later dynamic-sampling round of this step
         sampling = replace(sampling, seed=sampling.seed + round_index * 7919)
+    return _rolled_out(ctx, batch, tuple(range(first, first + len(batch))), sampling)
+
+
+def resample(ctx, step: int, stale: RolloutGroups) -> RolloutGroups:
+    """The prompts of `stale` (groups too old for their step) sampled and scored again by the
+    weights the generators serve now: the same draws, so no prompt is drawn outside the cursor
+    (a checkpoint's cursor then resumes exactly after the prompts its steps trained)."""
+    sampling = step_sampling(ctx.cfg, step)
+    if sampling.seed is not None:
+        sampling = replace(sampling, seed=sampling.seed + 104_729)
+    return _rolled_out(ctx, list(stale.examples), stale.draws, sampling)
+
+
+def _rolled_out(ctx, batch: list[Example], draws: tuple[int, ...], sampling: SamplingConfig) -> RolloutGroups:
+    prompts = [list(e.prompt_ids) for e in batch]
     groups = collect_episodes(ctx, batch, prompts, sampling)
     rewards = torch.tensor([[e.reward for e in group] for group in groups], dtype=torch.float32)
     correct = torch.tensor([[e.correct for e in group] for group in groups])
-    return RolloutGroups(batch, prompts, groups, rewards, correct)
+    return RolloutGroups(batch, prompts, groups, rewards, correct, draws)
 
 
 def step_sampling(cfg, step: int) -> SamplingConfig:
@@ -175,11 +196,11 @@ def dynamic_sampling(draw: Callable[[int, int], RolloutGroups], num_prompts: int
         part = draw(round_index, per_round)
         keep = nonzero_variance(part.rewards_PG)
         num_zero_variance += int((~keep).sum())
-        kept.append(part.select(torch.nonzero(keep).flatten().tolist()))
+        kept.append(part.drop(torch.nonzero(~keep).flatten().tolist(), DropReason.ZERO_VARIANCE))
         num_kept += int(keep.sum())
         if num_kept >= num_prompts:
             merged = RolloutGroups.concat(kept)
-            rollouts = merged.select(list(range(num_prompts)))
+            rollouts = merged.drop(range(num_prompts, len(merged.groups)), DropReason.SURPLUS)
             return DynamicSamplingResult(rollouts, {
                 "dynamic_sampling_num_gen_batches": float(round_index + 1),
                 "dynamic_sampling_num_discarded_valid_samples": float((num_kept - num_prompts) * merged.num_generations),

@@ -14,6 +14,7 @@ from the last checkpoint in the same way.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from coordinator.launch.local import HostedService, LocalCluster
 from coordinator.launch.supervisor import dead_trainers
 from coordinator.loop.context import LoopContext
 from coordinator.loop.evaluation import validate
+from coordinator.loop.ledger import StepSamples
 from coordinator.loop.scoring import check_tasks_configured
 from coordinator.membership.services import Services
 from coordinator.metrics.log import plot_curves
@@ -100,6 +102,8 @@ class Run(RunBase):
         ctx.cursor = PromptCursor(train, cfg.grpo.seed)
         if resumed is not None:
             ctx.cursor.load_state(resumed.cursor)
+        else:
+            self.ledger_path.unlink(missing_ok=True)  # GRPO from its first step: a ledger of its own
         if cfg.grpo.max_num_steps:
             try:
                 self._grpo(ctx, train, cluster, first_step=resumed.step + 1 if resumed else 1)
@@ -222,6 +226,16 @@ class Run(RunBase):
         self._record_validation(phase, step, result, time.perf_counter() - started, samples)
         return result["accuracy"]
 
+    @property
+    def ledger_path(self) -> Path:
+        """<run>/ledger.jsonl: which samples each GRPO step trained on (coordinator/loop/ledger.py),
+        one line per step of the run's history (a resume drops the lines after its checkpoint)."""
+        return self.run_dir / "ledger.jsonl"
+
+    def trained(self, samples: StepSamples) -> None:
+        with open(self.ledger_path, "a") as f:
+            f.write(json.dumps(samples.to_json(), separators=(",", ":")) + "\n")
+
     def checkpoint(self, ctx: LoopContext, step: int, metrics: dict[str, float], cursor: dict[str, int]) -> None:
         """`cursor`: the data cursor after this step's prompts (later steps' may be drawn already)."""
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
@@ -233,15 +247,21 @@ class Run(RunBase):
         started = time.perf_counter()
         if self._checkpoints is None:
             self._checkpoints = store.CheckpointWriter(root, self.cfg.checkpointing.keep_top_k, self.log,
-                                                       save_hf=self.cfg.checkpointing.save_hf)
+                                                       save_hf=self.cfg.checkpointing.save_hf,
+                                                       max_failures=self.cfg.checkpointing.max_failed_saves)
         critic = ctx.services.critic if self.cfg.ppo is not None else None  # PPO: the critic's state with the policy's
-        self._checkpoints.save(step, state.to_json(), ctx.services.trainer, critic)  # written in the background
+        saving = self._checkpoints.save(step, state.to_json(), ctx.services.trainer, critic)  # written in the background
         blocked = time.perf_counter() - started
         self.timings["checkpoint_s"] = self.timings.get("checkpoint_s", 0.0) + blocked
-        self.progress.note(f"checkpoint at GRPO step {step} ({blocked:.1f}s, written in the background)")
+        if saving is None:
+            self.progress.note(f"[yellow]checkpoint at GRPO step {step} failed (logs/coordinator.log: "
+                               f"checkpoint_failed); the last complete one stays, and the run goes on[/]")
+        else:
+            self.progress.note(f"checkpoint at GRPO step {step} ({blocked:.1f}s, written in the background)")
 
     def _checkpoints_written(self) -> None:
-        """The last checkpoint on disk and complete (CheckpointWriteFailed if it could not be)."""
+        """The last checkpoint on disk and complete (a failed one counts as any failed save:
+        CheckpointWriteFailed past checkpointing.max_failed_saves in a row)."""
         if self._checkpoints is not None:
             self._checkpoints.wait()
             self.timings["checkpoint_write_s"] = self._checkpoints.write_seconds
@@ -273,6 +293,7 @@ class Run(RunBase):
         ctx.publish(generators, version=version)
         self.metrics.history = list(state.metrics)
         resuming.rewrite_metrics(self.metrics.path, state.metrics)
+        resuming.truncate_ledger(self.ledger_path, state.step)
         resuming.restore_rng(state.rng)
         self.sft_steps = state.sft_steps
         if train is not None:

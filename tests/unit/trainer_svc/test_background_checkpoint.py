@@ -1,8 +1,8 @@
 """The DTensor backend's checkpoints (trainer_svc/backends/dtensor/checkpoint.py): a background
 save returns before its bytes are on disk, is not a checkpoint until `checkpoint_written`, and
 holds the state of the moment it was taken even when a train step follows at once (the step
-waits before it changes the weights); a load restores it exactly, and a write cut short is
-never a checkpoint."""
+waits before it changes the weights); a load restores it exactly, a write cut short is
+never a checkpoint, and a save that DCP cannot finish (a full disk) is an ordinary error."""
 
 import threading
 
@@ -87,3 +87,39 @@ def test_a_write_cut_short_is_not_a_checkpoint(backend, tmp_path, monkeypatch):
     backend.train_step(SAMPLES, LOSS, 8, 4, 1e-3)  # the failed write does not stop training
     backend.save_checkpoint(tmp_path / "ckpt")  # nor the next save, which completes (synchronous)
     assert checkpoint.is_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_full_disk_during_dcp_s_metadata_is_an_ordinary_error_and_the_next_save_completes(backend, tmp_path,
+                                                                                            monkeypatch):
+    """DCP raises its CheckpointException, a BaseException, which passed through the lockstep's and
+    the server's error handling: a full disk while a checkpoint's metadata was written killed
+    every trainer rank (benchmarks/chaos.py, disk_full). Fails without the fix: the
+    CheckpointException escapes pytest.raises(RuntimeError)."""
+    def full(self, metadata, results):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.RawWriter, "finish", full)
+    with pytest.raises(RuntimeError, match=r"rank 0: OSError: \[Errno 28\] No space left"):
+        backend.save_checkpoint(tmp_path / "ckpt", background=True)
+    assert not checkpoint.is_checkpoint(tmp_path / "ckpt")
+    monkeypatch.undo()
+    backend.train_step(SAMPLES, LOSS, 8, 4, 1e-3)  # training goes on
+    backend.save_checkpoint(tmp_path / "ckpt")
+    assert checkpoint.is_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_failed_background_write_never_stops_the_next_save_on_its_rank_alone(backend, tmp_path, monkeypatch):
+    """The next save used to raise the previous write's error before any collective, on the rank
+    whose write failed only: the other ranks went on into DCP's collectives and the trainer hung
+    (benchmarks/chaos.py, a full disk while rank 0 wrote and rank 1's save failed the call, so no
+    checkpoint_written asked rank 0 for its error). The failed checkpoint stays incomplete; the
+    next save and a load go on. Fails without the fix: the second save raises "no space left"."""
+    def dies_midway(self):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(checkpoint.RawWriter, "write_file", dies_midway)
+    backend.save_checkpoint(tmp_path / "first", background=True)  # its write fails; nobody asks
+    monkeypatch.undo()
+    backend.save_checkpoint(tmp_path / "second", background=True)
+    assert backend.checkpoint_written(tmp_path / "second", timeout_s=30)
+    assert checkpoint.is_checkpoint(tmp_path / "second") and not checkpoint.is_checkpoint(tmp_path / "first")

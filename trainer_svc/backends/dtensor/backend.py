@@ -328,7 +328,7 @@ class DTensorBackend:
         return {name: self.held_bytes.track(full[name]) for name in self.hf_tensor_shapes}
 
     def save_checkpoint(self, path: Path, *, background: bool = False) -> None:
-        self._write.wait()  # the previous save's bytes first (its error, if any, surfaces here)
+        self._write.join()  # the previous save's bytes first (see _previous_write_ended)
         self._write = checkpoint.start_save(path, self._model, self._optimizer, rank=self.rank,
                                             trained_only=self._lora is not None, background=background)
         self._saved = (path, self.global_step)
@@ -349,6 +349,13 @@ class DTensorBackend:
                                timeout_s=max(deadline - time.monotonic(), 1.0))
         return True
 
+    # _previous_write_ended: a save or load waits for the previous background write to end, and
+    # never raises its error. The error is that checkpoint's (its rank's `written` marker never
+    # appears, so it is never complete: checkpoint_written reports it on rank 0); raised here it
+    # stopped one rank before the collectives that the other ranks entered, and the trainer hung
+    # (benchmarks/chaos.py's full disk: rank 0's write failed while rank 1's save had failed the
+    # call, so nothing asked rank 0 for its error until the next save).
+
     def _unchanged_until_written(self, *_: object) -> None:
         """Before the parameters or Adam's state change: a background save still reading them
         finishes (its error, if any, is the save's to report: `checkpoint_written`, the next save)."""
@@ -357,7 +364,7 @@ class DTensorBackend:
     def load_checkpoint(self, path: Path) -> int:
         if not checkpoint.is_checkpoint(path):  # every rank raises before any collective
             raise ValueError(f"no trainer checkpoint at {path}")
-        self._write.wait()
+        self._write.join()  # (see _previous_write_ended)
         self.global_step = checkpoint.load_checkpoint(path, self._model, self._optimizer, rank=self.rank,
                                                       trained_only=self._lora is not None)
         return self.global_step

@@ -25,6 +25,11 @@ live tensors, then fsyncs. Nothing may change those tensors meanwhile: the backe
 `PendingWrite.wait` before it changes parameters (the reference swap, a load) and before an
 optimizer step (Adam's state). So the save costs no copy of the model; the step waits only if
 the disk is slower than the work before its first change of the weights.
+
+A save or load that DCP cannot finish (a full disk while it writes the metadata, a file it
+cannot read) raises `CheckpointIOError`, an ordinary error that the lockstep reports and the
+service answers: DCP's own CheckpointException is a BaseException, which passed through both and
+killed every rank (benchmarks/chaos.py's full disk found it).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
@@ -260,6 +266,22 @@ def _alone() -> bool:
     return dist.get_world_size() == 1
 
 
+class CheckpointIOError(RuntimeError):
+    """A DCP save or load failed on some rank (every rank raises it, with each failed rank's error)."""
+
+
+@contextmanager
+def _ordinary_errors(what: str, path: Path) -> Iterator[None]:
+    """DCP's CheckpointException (a BaseException) as a CheckpointIOError naming each failed
+    rank's error (e.g. `rank 0: OSError: [Errno 28] No space left on device`)."""
+    try:
+        yield
+    except CheckpointException as exc:
+        failures = "; ".join(f"rank {rank}: {type(error).__name__}: {error}"
+                             for rank, (error, _trace) in sorted(exc.failures.items()))
+        raise CheckpointIOError(f"the checkpoint {what} {path} failed: {failures}") from None
+
+
 @contextmanager
 def _quiet() -> Iterator[None]:
     """Without DCP's notes that one rank saves alone, and that a save replaces a directory's
@@ -279,7 +301,7 @@ def start_save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *
     (path / "written").mkdir(exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=_options(trained_only))
     writer = RawWriter(str(path / "dcp"))
-    with _quiet():
+    with _quiet(), _ordinary_errors("save into", path):
         dcp.save({"model": model_state, "optim": optim_state}, storage_writer=writer, no_dist=_alone())
     if rank == 0:
         (path / "dcp" / RAW_MARK).write_text("raw tensor bytes (trainer_svc/backends/dtensor/checkpoint.py)\n")
@@ -343,7 +365,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     state = {"model": model_state, "optim": optim_state}
     raw = (path / "dcp" / RAW_MARK).is_file()
     reader = RawReader(str(path / "dcp")) if raw else FileSystemReader(str(path / "dcp"))
-    with _quiet():
+    with _quiet(), _ordinary_errors("load from", path):
         dcp.load(state, storage_reader=reader, no_dist=_alone())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     rng_file = path / "rng" / f"rank{rank}.pt"

@@ -12,7 +12,7 @@ from coordinator.algorithms import grpo as grpo_module
 from coordinator.algorithms.dapo import overlong_penalties
 from coordinator.algorithms.grpo import prepare_samples
 from coordinator.config import ConfigError, load_config
-from coordinator.data.examples import Example
+from coordinator.data.examples import Example, PromptCursor
 from coordinator.loop import rollouts as rollouts_module
 from coordinator.loop.advantages import (
     build_advantage_fn,
@@ -21,6 +21,7 @@ from coordinator.loop.advantages import (
     reinforce_plus_plus_advantages,
 )
 from coordinator.loop.groups import RolloutGroups
+from coordinator.loop.ledger import DropReason
 from coordinator.loop.multiturn import Episode
 from coordinator.loop.rollouts import DynamicSamplingExhausted, dynamic_sampling
 from trainer_svc.types import StepResult
@@ -56,12 +57,13 @@ def _episode(reward, length=2, finish="stop", logprob=-1.0):
     return Episode("t", list(range(3, 3 + length)), [logprob] * length, None, reward, reward > 0, finish, 0, 1, [], True)
 
 
-def _rollouts(rewards, finish=None, length=2):
+def _rollouts(rewards, finish=None, length=2, first_draw=None):
     groups = [[_episode(r, length, (finish or {}).get((p, g), "stop")) for g, r in enumerate(row)]
               for p, row in enumerate(rewards)]
     examples = [Example(f"q{p}", "a", "t", (1, p)) for p in range(len(rewards))]
+    draws = () if first_draw is None else tuple(range(first_draw, first_draw + len(rewards)))
     return RolloutGroups(examples, [[1, 2]] * len(rewards), groups, torch.tensor(rewards),
-                         torch.tensor(rewards) > 0)
+                         torch.tensor(rewards) > 0, draws)
 
 
 def test_dynamic_sampling_keeps_groups_with_variance_and_counts():
@@ -70,11 +72,16 @@ def test_dynamic_sampling_keeps_groups_with_variance_and_counts():
 
     def draw(round_index, size):
         calls.append((round_index, size))
-        return _rollouts(rounds[round_index])
+        return _rollouts(rounds[round_index], first_draw=3 * round_index)
 
     result = dynamic_sampling(draw, 2, batch_multiplier=1.5, max_gen_batches=3)
     assert calls == [(0, 3), (1, 3)]
     assert result.rollouts.rewards_PG.tolist() == [[0.0, 1.0], [1.0, 0.0]]
+    # every draw accounted for (coordinator/loop/ledger.py): trained, or dropped with its reason
+    assert result.rollouts.draws == (1, 3)
+    assert sorted((d.group.draw, d.reason) for d in result.rollouts.dropped) == [
+        (0, DropReason.ZERO_VARIANCE), (2, DropReason.ZERO_VARIANCE), (4, DropReason.ZERO_VARIANCE),
+        (5, DropReason.SURPLUS)]
     assert result.metrics["dynamic_sampling_num_gen_batches"] == 2.0
     assert result.metrics["dynamic_sampling_num_zero_variance_groups"] == 3.0
     assert result.metrics["dynamic_sampling_num_discarded_valid_samples"] == 2.0  # one extra group of 2 samples
@@ -156,8 +163,7 @@ def test_grpo_step_with_dynamic_sampling_logs_its_counters(monkeypatch):
     monkeypatch.setattr(rollouts_module, "collect_episodes", fake_collect)
     trainer = _FakeTrainer()
     ctx = _ctx(["grpo.use_dynamic_sampling=true", "grpo.dynamic_sampling_max_gen_batches=2"], trainer)
-    ctx.cursor = SimpleNamespace(next_batch=lambda n: [Example(f"q{i}", "a", "t", (1, i)) for i in range(n)],
-                                 state=lambda: {"epoch": 0, "position": 0})
+    ctx.cursor = PromptCursor([Example(f"q{i}", "a", "t", (1, i)) for i in range(8)], seed=0)
     ctx.tokens = SimpleNamespace(prompt=lambda text: [1, 2])
     ctx.publish = lambda: SimpleNamespace(version=1)
     ctx.publisher = SimpleNamespace(version=0)

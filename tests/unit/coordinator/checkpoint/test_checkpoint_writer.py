@@ -117,3 +117,64 @@ def test_a_ppo_checkpoint_is_complete_only_once_the_critic_has_written_too(tmp_p
     critic.release.set()
     writer.wait()
     assert store.latest(tmp_path) == final and [e["step"] for e in log.named("checkpoint_saved")] == [2]
+
+
+class FullDiskTrainer(SlowTrainer):
+    """A trainer on a disk that is full while `full` is set: the save answers with the disk's
+    error (DCP's metadata), or the background write fails (the tensors' bytes)."""
+
+    def __init__(self, *, in_background: bool = False):
+        super().__init__()
+        self.release.set()
+        self.full, self.in_background = False, in_background
+
+    def save_checkpoint(self, path: str, *, background: bool = False) -> int:
+        if self.full and not self.in_background:
+            raise RpcFailure(Status.INTERNAL, "the checkpoint save failed: rank 0: OSError: [Errno 28] No space left")
+        return super().save_checkpoint(path, background=background)
+
+    def checkpoint_written(self, path: str, timeout_s: float) -> bool:
+        if self.full and self.in_background:
+            raise RpcFailure(Status.INTERNAL, "the checkpoint write failed: [Errno 28] No space left on device")
+        return super().checkpoint_written(path, timeout_s)
+
+
+@pytest.mark.parametrize("in_background", [False, True])
+def test_a_full_disk_fails_checkpoints_without_stopping_the_run_up_to_the_limit(tmp_path, in_background):
+    """A full disk used to stop the run at its first failed checkpoint (the trainer's error, or
+    CheckpointWriteFailed at the next save); now up to max_failures saves in a row may fail, each
+    logged and its directory removed, `latest` staying on the last complete one."""
+    log, trainer = Events(), FullDiskTrainer(in_background=in_background)
+    writer = store.CheckpointWriter(tmp_path, keep=2, log=log, max_failures=2)
+    writer.save(1, _state(1), trainer)
+    writer.wait()
+    trainer.full = True
+    for step in (2, 3):
+        writer.save(step, _state(step), trainer)  # no error: the run goes on
+    writer.wait()
+    assert writer.failed_in_a_row == 2 and [e["step"] for e in log.named("checkpoint_failed")] == [2, 3]
+    assert store.latest(tmp_path).name == "step_000001"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]  # the partial ones removed
+    trainer.full = False
+    writer.save(4, _state(4), trainer)
+    writer.wait()
+    assert writer.failed_in_a_row == 0 and store.latest(tmp_path).name == "step_000004"  # a success resets the count
+    trainer.full = True
+    for step in (5, 6):
+        writer.save(step, _state(step), trainer)
+    with pytest.raises((RpcFailure, store.CheckpointWriteFailed), match="No space left"):
+        writer.save(7, _state(7), trainer)  # the third in a row
+        writer.wait()
+    assert store.latest(tmp_path).name == "step_000004"
+
+
+def test_an_unreachable_trainer_is_not_a_failed_save(tmp_path):
+    """Its error goes to the run, which relaunches the trainer, however many failures are allowed."""
+    class Gone(SlowTrainer):
+        def save_checkpoint(self, path, *, background=False):
+            raise RpcFailure(Status.UNAVAILABLE, "connection refused")
+
+    writer = store.CheckpointWriter(tmp_path, keep=2, log=Events(), max_failures=5)
+    with pytest.raises(RpcFailure, match="connection refused"):
+        writer.save(1, _state(1), Gone())
+    assert writer.failed_in_a_row == 0
