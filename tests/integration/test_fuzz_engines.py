@@ -158,7 +158,10 @@ def _says(log: Path, event: str) -> bool:
 def generator(model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("fuzz_generator")
     settings = workdir / "generator.json"
-    cfg = load_config(overrides=["policy.generation.vllm_cfg.max_num_seqs=16"])
+    # free_weights_while_training off: a fuzzed Sleep(level 2) would rightly free the weights until
+    # a publish (that path: test_generator_service.py), and this generator must generate after the fuzz
+    cfg = load_config(overrides=["policy.generation.vllm_cfg.max_num_seqs=16",
+                                 "policy.generation.free_weights_while_training=false"])
     settings.write_text(generator_settings(cfg, str(model[0]), 0, scratch_root(workdir) / "g").model_dump_json())
     port = procs.free_port()
     early: list[str] = []  # health answers of "" seen before the service said it was ready
