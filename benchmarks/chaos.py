@@ -379,6 +379,9 @@ def main() -> int:
     parser.add_argument("--startup-delay-s", type=float, default=10.0)
     parser.add_argument("--async", dest="asynchronous", action="store_true",
                         help="asynchronous GRPO (rollouts one step ahead); checked by check_async")
+    parser.add_argument("--timeout-s", type=float, default=1800.0,
+                        help="the faulted run's wall-clock limit (a longer run is an error); raise it for runs "
+                             "of 30 minutes or more")
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary dir)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -406,7 +409,8 @@ def main() -> int:
     try:
         outcome = Nemesis(work / "chaos", args.steps, args.seed, plan, log=lambda s: print(s, flush=True),
                           overrides=[f"cluster.stopped_kill_s={args.stopped_kill_s}",
-                                     *(ASYNC_ARGS if args.asynchronous else [])], disk_mb=disk_mb).run()
+                                     *(ASYNC_ARGS if args.asynchronous else [])], disk_mb=disk_mb,
+                          timeout_s=args.timeout_s).run()
     except BaseException:
         stop_everything(work / "chaos" / "home")
         raise
