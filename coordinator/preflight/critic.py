@@ -4,9 +4,9 @@ both must map every token to the same id). Unset, the critic is the policy's own
 
 from __future__ import annotations
 
-from coordinator.config import ConfigError, ExperimentConfig
+from coordinator.config import ExperimentConfig
 from coordinator.preflight.model_files import check_model_dir
-from coordinator.preflight.teacher import vocabulary
+from coordinator.preflight.teacher import check_same_vocabulary
 
 KEY = "ppo.critic.model_name"
 
@@ -19,11 +19,7 @@ def check_critic(cfg: ExperimentConfig, policy_dir: str | None) -> str:
     if critic_dir is None:
         return "critic: the policy's checkpoint with a fresh value head"
     check_model_dir(critic_dir, KEY)
-    critic, policy = vocabulary(critic_dir), vocabulary(policy_dir)
-    if critic != policy:
-        differ = sorted(t for t in critic.keys() | policy.keys() if critic.get(t) != policy.get(t))
-        raise ConfigError(f"{KEY}: the critic's tokenizer ({len(critic)} tokens) is not the policy's ({len(policy)} "
-                          f"tokens): {len(differ)} tokens differ (e.g. {', '.join(repr(t) for t in differ[:3])}). The "
-                          "critic values the policy's token ids, so both need one vocabulary: pick a critic of the "
-                          "policy's model family, or leave it unset (the policy's checkpoint)")
-    return f"critic {critic_dir}: the policy's tokenizer ({len(critic)} tokens)"
+    size = check_same_vocabulary(KEY, "critic", critic_dir, policy_dir,
+                                 "critic values the policy's token ids, so both need one vocabulary: pick a critic of "
+                                 "the policy's model family, or leave it unset (the policy's checkpoint)")
+    return f"critic {critic_dir}: the policy's tokenizer ({size} tokens)"

@@ -18,14 +18,10 @@ def check_teacher(cfg: ExperimentConfig, student_dir: str | None) -> str:
     assert distillation is not None and distillation.teacher.model_name is not None
     teacher_dir = distillation.teacher.model_name
     check_model_dir(teacher_dir, KEY)
-    teacher, student = vocabulary(teacher_dir), vocabulary(student_dir)
-    if teacher != student:
-        differ = sorted(t for t in teacher.keys() | student.keys() if teacher.get(t) != student.get(t))
-        raise ConfigError(f"{KEY}: the teacher's tokenizer ({len(teacher)} tokens) is not the policy's ({len(student)} "
-                          f"tokens): {len(differ)} tokens differ (e.g. {', '.join(repr(t) for t in differ[:3])}). The "
-                          "teacher scores the student's token ids, so both need one vocabulary: pick a teacher of the "
-                          "student's model family")
-    return f"teacher {teacher_dir}: the policy's tokenizer ({len(teacher)} tokens)"
+    size = check_same_vocabulary(KEY, "teacher", teacher_dir, student_dir,
+                                 "teacher scores the student's token ids, so both need one vocabulary: pick a "
+                                 "teacher of the student's model family")
+    return f"teacher {teacher_dir}: the policy's tokenizer ({size} tokens)"
 
 
 def check_teacher_length(cfg: ExperimentConfig, longest_prompt: int) -> None:
@@ -39,6 +35,18 @@ def check_teacher_length(cfg: ExperimentConfig, longest_prompt: int) -> None:
                           f"the student may sample: its longest prompt ({longest_prompt} tokens) + "
                           f"policy.generation.max_new_tokens + 1 = {need}; raise it (within the teacher's context "
                           "length), lower max_new_tokens, or drop the longest rows")
+
+
+def check_same_vocabulary(key: str, role: str, model_dir: str, policy_dir: str | None, why: str) -> int:
+    """ConfigError at `key` unless `model_dir`'s tokenizer maps every token as the policy's does
+    (`why`: what the other model does with the policy's ids, and what to change); its size."""
+    theirs, policy = vocabulary(model_dir), vocabulary(policy_dir)
+    if theirs != policy:
+        differ = sorted(t for t in theirs.keys() | policy.keys() if theirs.get(t) != policy.get(t))
+        raise ConfigError(f"{key}: the {role}'s tokenizer ({len(theirs)} tokens) is not the policy's ({len(policy)} "
+                          f"tokens): {len(differ)} tokens differ (e.g. {', '.join(repr(t) for t in differ[:3])}). The "
+                          f"{why}")
+    return len(theirs)
 
 
 def vocabulary(model_dir: str | None) -> dict[str, int]:
