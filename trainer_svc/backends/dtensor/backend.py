@@ -114,38 +114,32 @@ class DTensorBackend:
 
     def compute_logprobs(self, samples: Sequence[Sample], policy: Policy,
                          micro_batch_size: int) -> list[list[float]] | None:
-        split = self._splitter(micro_batch_size, self._packing.logprob_mb_tokens)
-        shard, groups = rank_micro_batches(samples, self._dp_rank, self._dims.dp, split)
-        results: list[list[float] | None] = [None] * len(shard)
         with self._reference.holding(policy):
-            for group in groups:  # an empty group is a throwaway forward (every rank runs as many)
-                batch = self._collate([shard[i] for i in group])
-                rows = completion_logprobs(self._score(batch), batch)
-                for i, row in zip(group, rows):
-                    results[i] = row
-        gathered: list | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(results, gathered, dst=0, group=self._env.cpu_group)
-        if gathered is None:
-            return None
-        return [row for part in gathered[::self._dims.tp] for row in part]  # one tp rank per dp shard
+            return self._per_completion(samples, micro_batch_size, self._score)
 
     def compute_values(self, samples: Sequence[Sample], micro_batch_size: int) -> list[list[float]] | None:
         """A critic's values of the completion tokens' states, aligned as `compute_logprobs`'s rows."""
+        self._model.eval()
+        with torch.no_grad():
+            return self._per_completion(samples, micro_batch_size, self._values)
+
+    def _per_completion(self, samples: Sequence[Sample], micro_batch_size: int,
+                        forward: Callable[[MicroBatch], torch.Tensor]) -> list[list[float]] | None:
+        """`forward`'s [B, T-1] rows at each sample's completion positions, in sample order, on rank
+        0 (None elsewhere): this rank's micro-batches, then a gather over the ranks."""
         split = self._splitter(micro_batch_size, self._packing.logprob_mb_tokens)
         shard, groups = rank_micro_batches(samples, self._dp_rank, self._dims.dp, split)
         results: list[list[float] | None] = [None] * len(shard)
-        for group in groups:
+        for group in groups:  # an empty group is a throwaway forward (every rank runs as many)
             batch = self._collate([shard[i] for i in group])
-            with torch.no_grad():
-                self._model.eval()
-                rows = completion_logprobs(self._values(batch), batch)
+            rows = completion_logprobs(forward(batch), batch)
             for i, row in zip(group, rows):
                 results[i] = row
         gathered: list | None = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object(results, gathered, dst=0, group=self._env.cpu_group)
         if gathered is None:
             return None
-        return [row for part in gathered[::self._dims.tp] for row in part]
+        return [row for part in gathered[::self._dims.tp] for row in part]  # one tp rank per dp shard
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
         """[B, T-1] float32: column j the value model's output at position j (the state of tokens
