@@ -20,33 +20,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an installed copy
 
-RECIPES = Path(__file__).resolve().parents[1] / "examples" / "configs"
-
-
-def _train(config, out: Path, name: str, **overrides) -> dict:
-    from coordinator.api import GRPOTrainer
-
-    summary_path = out / f"{name}.summary.json"
-    if summary_path.exists():
-        return json.loads(summary_path.read_text())
-    started = time.monotonic()
-    summary = GRPOTrainer(config, **{"logger.log_dir": str(out / "runs"), "logger.run_name": name,
-                                     "logger.tensorboard_enabled": False, "logger.plot_enabled": False,
-                                     "checkpointing.enabled": False, **overrides}).train()
-    summary["bench_wall_s"] = time.monotonic() - started
-    summary_path.write_text(json.dumps(summary, default=str))
-    return summary
-
-
-def _curve(summary: dict) -> dict[int, float]:
-    return {int(r["step"]): round(float(r["accuracy"]), 4) for r in summary["metrics"] if r["phase"] == "val"}
+from recipe_runs import RECIPES, curve, train
 
 
 def main() -> None:
@@ -61,22 +41,22 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args.out.mkdir(parents=True, exist_ok=True)
     val = {"grpo.max_val_samples": args.val_samples}
-    student = _train(RECIPES / "grpo.yaml", args.out, "student", **{"grpo.max_num_steps": 0}, **val)
+    student = train(RECIPES / "grpo.yaml", args.out, "student", **{"grpo.max_num_steps": 0}, **val)
     same = {"policy.model_name": student["hf"], "sft.max_num_steps": 0, "policy.max_total_sequence_length": 64,
             "policy.generation.max_new_tokens": 4, **val}
-    teacher = _train(RECIPES / "grpo.yaml", args.out, "teacher", **same,
+    teacher = train(RECIPES / "grpo.yaml", args.out, "teacher", **same,
                      **{"grpo.max_num_steps": args.teacher_steps, "grpo.val_period": 0})
     arm = {**same, "grpo.max_num_steps": args.steps, "grpo.val_period": args.val_period, "grpo.seed": args.seed}
     suffix = f"{args.steps}" if args.seed == 42 else f"{args.steps}-seed{args.seed}"
-    grpo = _train(RECIPES / "grpo.yaml", args.out, f"grpo-{suffix}", **arm)
+    grpo = train(RECIPES / "grpo.yaml", args.out, f"grpo-{suffix}", **arm)
     recipe = yaml.safe_load((RECIPES / "distillation.yaml").read_text())
     recipe["distillation"]["teacher"]["model_name"] = teacher["hf"]
     grpo_recipe = yaml.safe_load((RECIPES / "grpo.yaml").read_text())
     recipe["grpo"], recipe["policy"] = grpo_recipe["grpo"], grpo_recipe["policy"]  # the same sizes and optimizer
-    distill = _train(recipe, args.out, f"distillation-{suffix}", **arm)
+    distill = train(recipe, args.out, f"distillation-{suffix}", **arm)
     kl = [round(r["teacher_reverse_kl"], 3) for r in distill["metrics"] if r["phase"] == "grpo"]
     result = {"student_accuracy": student["accuracy_after"], "teacher_accuracy": teacher["accuracy_after"],
-              "steps": args.steps, "seed": args.seed, "grpo": _curve(grpo), "distillation": _curve(distill),
+              "steps": args.steps, "seed": args.seed, "grpo": curve(grpo), "distillation": curve(distill),
               "distillation_reverse_kl_first_last": [kl[0], kl[-1]] if kl else None,
               "wall_s": {"grpo": round(grpo["bench_wall_s"], 1), "distillation": round(distill["bench_wall_s"], 1)}}
     print(json.dumps(result))

@@ -21,33 +21,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an installed copy
 
-RECIPES = Path(__file__).resolve().parents[1] / "examples" / "configs"
-
-
-def _train(config, out: Path, name: str, **overrides) -> dict:
-    from coordinator.api import GRPOTrainer
-
-    summary_path = out / f"{name}.summary.json"
-    if summary_path.exists():
-        return json.loads(summary_path.read_text())
-    started = time.monotonic()
-    summary = GRPOTrainer(config, **{"logger.log_dir": str(out / "runs"), "logger.run_name": name,
-                                     "logger.tensorboard_enabled": False, "logger.plot_enabled": False,
-                                     "checkpointing.enabled": False, **overrides}).train()
-    summary["bench_wall_s"] = time.monotonic() - started
-    summary_path.write_text(json.dumps(summary, default=str))
-    return summary
-
-
-def _curve(summary: dict) -> dict[int, float]:
-    return {int(r["step"]): round(float(r["accuracy"]), 4) for r in summary["metrics"] if r["phase"] == "val"}
+from recipe_runs import RECIPES, curve, train
 
 
 def _steps(summary: dict, key: str) -> list[float]:
@@ -66,21 +46,21 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args.out.mkdir(parents=True, exist_ok=True)
     common = {"grpo.max_val_samples": args.val_samples, "cluster.trainer_ranks": args.trainer_ranks}
-    student = _train(RECIPES / "grpo.yaml", args.out, "student", **{"grpo.max_num_steps": 0}, **common)
+    student = train(RECIPES / "grpo.yaml", args.out, "student", **{"grpo.max_num_steps": 0}, **common)
     arm = {"policy.model_name": student["hf"], "sft.max_num_steps": 0, "policy.max_total_sequence_length": 64,
            "policy.generation.max_new_tokens": 4, "grpo.max_num_steps": args.steps,
            "grpo.val_period": args.val_period, "grpo.seed": args.seed, **common}
     suffix = f"{args.steps}-seed{args.seed}"
-    grpo = _train(RECIPES / "grpo.yaml", args.out, f"grpo-{suffix}", **arm)
+    grpo = train(RECIPES / "grpo.yaml", args.out, f"grpo-{suffix}", **arm)
     recipe = yaml.safe_load((RECIPES / "ppo.yaml").read_text())
     grpo_recipe = yaml.safe_load((RECIPES / "grpo.yaml").read_text())
     recipe["policy"] = grpo_recipe["policy"]  # the same sizes and optimizer
     recipe["grpo"] = {k: v for k, v in grpo_recipe["grpo"].items() if k not in ("normalize_rewards",
                                                                                 "use_leave_one_out_baseline",
                                                                                 "adv_estimator")}
-    ppo = _train(recipe, args.out, f"ppo-{suffix}", **arm)
+    ppo = train(recipe, args.out, f"ppo-{suffix}", **arm)
     result = {"student_accuracy": student["accuracy_after"], "steps": args.steps, "seed": args.seed,
-              "grpo": _curve(grpo), "ppo": _curve(ppo),
+              "grpo": curve(grpo), "ppo": curve(ppo),
               "grpo_reward_mean": _steps(grpo, "reward_mean"), "ppo_reward_mean": _steps(ppo, "reward_mean"),
               "ppo_explained_variance": _steps(ppo, "explained_variance"),
               "ppo_critic_value_loss": _steps(ppo, "critic_value_loss"),
