@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from coordinator.config import load_config
 from coordinator.embedded.cache import cache_root
@@ -30,7 +30,7 @@ ADAPTER = ["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_
 
 def _samples() -> list[Sample]:
     generator = torch.Generator().manual_seed(3)
-    return [Sample([1, 10 + i, 12, *torch.randint(4, 40, (4,), generator=generator).tolist()], 3,
+    return [Sample([1, 10 + i, 12, *torch.randint(4, 40, (4,), generator=generator).tolist()], 3,  # ids < 64
                    generation_logprobs=[-3.0] * 4, advantage=(-1.0) ** i) for i in range(4)]
 
 
@@ -67,6 +67,27 @@ def test_the_published_adapters_load_in_peft_as_the_trainers_merged_model(world_
     assert moved  # the adapters changed the model
     for name, tensor in merged.items():
         assert torch.allclose(served[name], tensor, atol=1e-6), name
+
+
+def test_merged_weights_of_a_model_with_biased_adapted_layers_hold_its_biases(world_of_one, tmp_path):
+    """Qwen2's q/k/v projections have biases, which PEFT keeps under the adapted layer's
+    base_layer: the merged export (and so every merged publish) read them under the HF name and
+    failed with a KeyError at the first publish of a Qwen2.5-shaped checkpoint (found by
+    benchmarks/lora_publish.py --model at the 0.5B shape; this test fails so without the fix)."""
+    config = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "qwen2")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "qwen2").state_dict()
+    assert "model.layers.0.self_attn.q_proj.bias" in base
+    cfg = load_config(overrides=["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.optimizer.kwargs.lr=0.05",
+                                 "cluster.trainer_ranks=1"])
+    backend = DTensorBackend(trainer_settings(cfg, str(tmp_path / "qwen2")), world_of_one)
+    backend.train_step(_samples(), GrpoLossConfig(), 4, 4, None)
+    merged = dict(backend.iter_hf_tensors())
+    assert merged.keys() == backend.hf_tensor_shapes.keys()
+    assert torch.equal(merged["model.layers.0.self_attn.q_proj.bias"], base["model.layers.0.self_attn.q_proj.bias"])
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
 
 
 def test_tensors_that_are_not_adapters_are_refused_by_name():

@@ -75,9 +75,12 @@ def iter_merged(model: nn.Module, hf_names: list[str], scaling: float, rank: int
     `hf_names` order, on rank 0 (the other ranks yield nothing but must exhaust it)."""
     state = model.state_dict()
     for name in hf_names:
-        stem = PREFIX + name.removesuffix(".weight")
-        if stem + ".base_layer.weight" not in state:
-            full = full_value(state[PREFIX + name])
+        module, _, leaf = name.rpartition(".")
+        stem = PREFIX + module
+        if leaf != "weight" or stem + ".base_layer.weight" not in state:
+            # not adapted, or an adapted layer's bias (Qwen2's q/k/v): PEFT keeps it under base_layer
+            key = PREFIX + name if PREFIX + name in state else f"{stem}.base_layer.{leaf}"
+            full = full_value(state[key])
             if rank == 0:
                 yield name, held.track(full)
             del full
