@@ -88,6 +88,11 @@ class Services:
                 by_task.setdefault(task, self._client(member, RewardClient))
         return by_task
 
+    def environment_clients(self, task: str) -> list[RewardClient]:
+        """The clients of every live service that serves `task` (an agent task's environment
+        services: its episodes are spread over all of them)."""
+        return [self._client(m, RewardClient) for m in self._registry.live(ServiceKind.REWARD) if task in m.tasks]
+
     def reward_failed(self, client: RewardClient, exc: Exception) -> None:
         for member_id, known in list(self._clients.items()):
             if known is client:

@@ -4,8 +4,9 @@ output goes back as the tool's message, and the model's final answer is rewarded
 the OpenAI client; only the tool's runner is Tandem's.
 
 Recipe: examples/configs/agent_math_python.yaml (PYTHONPATH=examples/agents, as for
-calc_agent.py). The sandbox needs root (CAP_SYS_ADMIN) in the coordinator; without it the tool
-fails and each episode ends counted as agent/ended_error. tests/integration/test_agent_gateway.py
+calc_agent.py). The agent runs in the task's environment service (reward_svc/agents.py), so the
+tool's code runs in that service's sandbox, which needs root (CAP_SYS_ADMIN) there; without it the
+tool fails and each episode ends counted as agent/ended_error. tests/integration/test_agent_gateway.py
 trains this agent for two GRPO steps on the tiny chat model.
 """
 
