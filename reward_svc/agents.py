@@ -29,7 +29,7 @@ class BadReturn(TypeError):
     """An agent returned something that is not a reward."""
 
 
-class AgentRunner:
+class EpisodeRunner:
     """Runs the episodes of the agents named in the service's settings (`agents`)."""
 
     def __init__(self, agents: dict[str, AgentSettings], log):

@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
 
-from reward_svc.agents import AgentRunner
+from reward_svc.agents import EpisodeRunner
 from reward_svc.config import RewardSettings, Scorer
 from reward_svc.envs import calculator, code, exact
 from reward_svc.envs.reward_model import RewardModel
@@ -168,7 +168,7 @@ class RewardEngine:
                       if any(not s.needs_model for s in used) else None)  # an agents-only service needs none
         kinds = {s: (ModelScorer(settings, log) if s.needs_model else PoolScorer(s, self._pool, settings, log))
                  for s in used}
-        self._agents = AgentRunner(settings.agents, log) if settings.agents else None
+        self._agents = EpisodeRunner(settings.agents, log) if settings.agents else None
         self._by_task = {task: kinds[s] for task, s in settings.tasks.items()}
         self._stopping = False
         self._calls = 0  # score/step calls in flight

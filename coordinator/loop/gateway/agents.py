@@ -79,30 +79,36 @@ class Environments:
         self.task, self._clients, self._on_failure, self._wait, self._log = task, clients, on_failure, wait, log
         self._poll_s = poll_s
         self._busy: Counter[int] = Counter()
-        self._lock = threading.Lock()
+        self._freed = threading.Condition()
 
     def acquire(self, limit: int):
-        """A live client with a free slot (waits while there is none; `wait` may raise to stop)."""
+        """A live client with a free slot: waits for a slot while every live one is full, and for a
+        service while none is live (`wait`, which may raise to stop the run's waiting)."""
         started = last_log = time.monotonic()
         while True:
-            with self._lock:
-                free = [c for c in self._clients() if self._busy[id(c)] < limit]
+            with self._freed:
+                live = self._clients()
+                free = [c for c in live if self._busy[id(c)] < limit]
                 if free:
                     client = min(free, key=lambda c: self._busy[id(c)])
                     self._busy[id(client)] += 1
                     return client
+                if live:  # all busy: the next release (or a service that joins) frees one
+                    self._freed.wait(self._poll_s)
+                    continue
             now = time.monotonic()
             if self._log is not None and now - last_log >= PAUSE_LOG_PERIOD_S:
                 last_log = now
                 self._log.warning("agent_env_waiting", task=self.task, waited_s=round(now - started),
-                                  message=f"no live environment service of task {self.task!r} has a free slot; the "
-                                          "run waits until one registers (python -m reward_svc --settings ... "
-                                          "--coordinator <this run's coordinator address>)")
+                                  message=f"no live environment service serves task {self.task!r}; the run waits "
+                                          "until one registers (python -m reward_svc --settings ... --coordinator "
+                                          "<this run's coordinator address>)")
             self._wait(self._poll_s)
 
     def release(self, client) -> None:
-        with self._lock:
+        with self._freed:
             self._busy[id(client)] -= 1
+            self._freed.notify()
 
     def failed(self, client, exc: Exception) -> None:
         self._on_failure(client, exc)
@@ -158,7 +164,7 @@ def outcome_metrics(groups: list[list[AgentOutcome]]) -> Counter[str]:
     in total (agent_timeouts; agent_errors: every other reason), episodes run again after their
     environment service was lost (episodes_rerun), those that gave per-turn rewards, episodes that ran no model call,
     the calls' malformed tool calls, turns whose template re-rendering differs from the recorded
-    tokens, and side calls (a judge's: judge.py)."""
+    tokens, and side calls (a judge's: reward_svc/envs/judge.py)."""
     counts: Counter[str] = Counter()
     for o in (o for group in groups for o in group):
         counts["agent_episodes"] += 1

@@ -13,7 +13,7 @@ import pytest
 import structlog
 from pydantic import ValidationError
 
-from reward_svc.agents import AgentRunner, end_reason
+from reward_svc.agents import EpisodeRunner, end_reason
 from reward_svc.client import RewardClient
 from reward_svc.config import AgentSettings, RewardSettings
 from reward_svc.engine import RewardEngine
@@ -72,7 +72,7 @@ def request(task="t", answer="2") -> EpisodeRequest:
     return EpisodeRequest(task, {"prompt": "1+1", "answer": answer, "task": task}, "http://127.0.0.1:9/v1", "ep-key")
 
 
-def run(runner: AgentRunner, *requests: EpisodeRequest):
+def run(runner: EpisodeRunner, *requests: EpisodeRequest):
     async def all_of():
         return await asyncio.gather(*(runner.run(r) for r in requests))
     return asyncio.run(all_of())
@@ -85,7 +85,7 @@ def run(runner: AgentRunner, *requests: EpisodeRequest):
     (returns_bool, EpisodeEnd.BAD_RETURN, "returns a number"),
     (bad_turn_rewards, EpisodeEnd.BAD_RETURN, "finite numbers as turn_rewards; got inf")])
 def test_an_episode_without_a_reward_ends_with_its_reason_and_never_raises(fn, end, error):
-    runner = AgentRunner({"t": agent(fn, timeout_s=0.2)}, LOG)
+    runner = EpisodeRunner({"t": agent(fn, timeout_s=0.2)}, LOG)
     (result,) = run(runner, request())
     runner.close()
     assert (result.end, result.reward, result.correct) == (end, 0.0, False)
@@ -93,7 +93,7 @@ def test_an_episode_without_a_reward_ends_with_its_reason_and_never_raises(fn, e
 
 
 def test_a_reward_comes_back_with_its_turn_rewards_and_info_as_json():
-    runner = AgentRunner({"t": agent(rewarded)}, LOG)
+    runner = EpisodeRunner({"t": agent(rewarded)}, LOG)
     right, wrong = run(runner, request(), request(answer="3"))
     runner.close()
     assert (right.end, right.reward, right.correct, right.turn_rewards) == (EpisodeEnd.REWARDED, 1.0, True, (0.25, 0.75))
@@ -104,7 +104,7 @@ def test_a_reward_comes_back_with_its_turn_rewards_and_info_as_json():
 
 def test_at_most_max_concurrency_episodes_run_at_once_and_the_limit_counts_from_the_start():
     RUNNING.update(now=0, most=0)
-    runner = AgentRunner({"t": agent(counted, max_concurrency=2, timeout_s=1.0)}, LOG)
+    runner = EpisodeRunner({"t": agent(counted, max_concurrency=2, timeout_s=1.0)}, LOG)
     results = run(runner, *[request() for _ in range(6)])  # 3 waves of 0.4 s: none times out waiting
     runner.close()
     assert RUNNING["most"] == 2 and [r.end for r in results] == [EpisodeEnd.REWARDED] * 6

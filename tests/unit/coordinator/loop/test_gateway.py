@@ -19,7 +19,7 @@ from coordinator.loop.gateway.agents import run_agents as run_in_services
 from coordinator.loop.gateway.server import GatewayServer
 from coordinator.loop.gateway.service import GatewayDefaults, RolloutGateway
 from coordinator.loop.gateway.toolcalls import parse_tool_calls
-from reward_svc.agents import AgentRunner as ServiceAgents
+from reward_svc.agents import EpisodeRunner
 from reward_svc.config import AgentSettings
 from reward_svc.types import EpisodeEnd
 from tandem.generation.types import Completion
@@ -186,7 +186,7 @@ class InProcessEnvironment:
     def __init__(self, agents: dict[str, AgentSettings]):
         import structlog
 
-        self.agents = ServiceAgents(agents, structlog.get_logger())
+        self.agents = EpisodeRunner(agents, structlog.get_logger())
 
     def run_episode(self, request, timeout_s):
         return asyncio.run(self.agents.run(request))
