@@ -257,9 +257,8 @@ def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypa
         assert metrics["agent/agent_errors"] == metrics["agent/ended_refused_call"] <= 2, metrics
         assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
         rewards.append(metrics["reward_mean"])
-    runs = _tool_runs(outcomes)
-    assert sum(o.info.get("tool_runs", 0) for o in outcomes) >= 3, \
-        "the warm-started model should call the python tool in some of its 32 episodes"
+    runs = [tuple(run) for o in outcomes for run in o.info.get("tool_runs", [])]  # the agent's info, from its service
+    assert len(runs) >= 3, "the warm-started model should call the python tool in some of its 32 episodes"
     sums = [(code, out) for code, out in runs if code.count("+") == 1 and all(
         part.isdigit() and part == str(int(part)) for part in code.split("+"))]  # a+b, no leading zeros
     assert sums and all(out == str(sum(map(int, code.split("+")))) for code, out in sums), runs  # the sandbox ran it
@@ -267,25 +266,6 @@ def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypa
         _assert_sampled(_trained_runs(sample), list(sample.token_ids), sampled)
     with capsys.disabled():
         print(f"\nmath_python_agent: reward_mean per step {rewards}, {len(runs)} tool runs, e.g. {runs[:3]}")
-
-
-def _tool_runs(outcomes) -> list[tuple[str, str]]:
-    """(code, the tool's output) of each python call the episodes' records hold: the tiny chat
-    template writes a call as <tool_call>{json}</tool_call> and its result as a `T:<output>` line."""
-    tok = build_chat_tokenizer()
-    runs = []
-    for outcome in outcomes:
-        text = tok.decode(outcome.record.tokens)
-        for part in text.split("<tool_call>")[1:]:
-            call, _, rest = part.partition("</tool_call>")
-            if "T:" not in rest:
-                continue
-            try:
-                code = json.loads(call)["arguments"]["code"]
-            except (ValueError, KeyError, TypeError):
-                continue
-            runs.append((code, rest[rest.index("T:") + 2:].split("\n", 1)[0]))
-    return runs
 
 
 def test_the_judge_recipe_scores_through_the_gateway_without_training_on_the_judge(loop, monkeypatch, capsys):
