@@ -7,6 +7,10 @@ episode at a time. The gateway's generator is scripted (a fixed short reply, no 
 figures are the agent machinery's, not a model's.
 
     .venv/bin/python benchmarks/agent_env_overhead.py --episodes 200
+
+Measured on the 2-core CPU machine under a load average of ~20 (2026-11-28), 200 episodes each:
+in process median 75.2 ms (p99 240 ms), in the service median 73.9 ms (p99 289 ms): the RunEpisode
+hop is within the noise of an episode's two gateway calls.
 """
 
 from __future__ import annotations
