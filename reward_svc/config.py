@@ -155,7 +155,7 @@ class RewardSettings(ScoringSettings):
     """Which scorer serves which task, and how scoring runs."""
 
     tasks: dict[str, Scorer] = Field(default_factory=lambda: {"arithmetic": Scorer.EXACT})
-    """Task name -> scorer (see Scorer)."""
+    """Task name -> scorer (see Scorer); unset with `agents` set: none (an environment service only)."""
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
     """Task name -> the agent that runs its episodes (RewardService.RunEpisode); each path is
     imported when the settings load, so a service whose agent does not import refuses to start."""
@@ -164,6 +164,13 @@ class RewardSettings(ScoringSettings):
     def all_tasks(self) -> list[str]:
         """The tasks this service serves (announced to the coordinator): scored ones and agents'."""
         return sorted({*self.tasks, *self.agents})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agents_only(cls, data):
+        if isinstance(data, dict) and data.get("agents") and "tasks" not in data:
+            data = {**data, "tasks": {}}  # settings naming only agents serve no scored task
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> RewardSettings:

@@ -137,6 +137,8 @@ def test_settings_refuse_an_agent_that_does_not_import_and_a_task_both_scored_an
         RewardSettings(tasks={"t": "exact"}, agents={"t": agent(rewarded)})
     settings = RewardSettings(tasks={"s": "exact"}, agents={"t": agent(rewarded)})
     assert settings.all_tasks == ["s", "t"]
+    assert RewardSettings(agents={"t": agent(rewarded)}).all_tasks == ["t"]  # no default scored task then
+    assert RewardSettings().all_tasks == ["arithmetic"]
 
 
 @contextmanager
