@@ -15,7 +15,8 @@ from tandem.service import load_settings, parse_args, serve
 
 DRAIN_TIMEOUT_S = 30.0
 """How long a stopping reward service waits for its calls in flight (each item is bounded by
-item_timeout_s); what is left then is cut off and its callers send it elsewhere."""
+item_timeout_s; an agent episode by its timeout_s, which is waited for when longer); what is left
+then is cut off and its callers send it elsewhere."""
 
 
 async def main() -> int:
@@ -29,13 +30,13 @@ async def main() -> int:
                                  host=args.host, port=args.port, token=token, log=log)
     await engine.warm_up()
     address = f"{args.advertise_host or args.host}:{running.port}"
-    announcement = Announcement(kind=ServiceKind.REWARD, address=address, tasks=sorted(settings.tasks))
+    announcement = Announcement(kind=ServiceKind.REWARD, address=address, tasks=settings.all_tasks)
 
     async def close() -> None:
         engine.close()
 
     async def drain() -> None:  # SIGTERM: leave the coordinator's rotation, finish the calls in flight
-        await engine.drain(DRAIN_TIMEOUT_S)
+        await engine.drain(engine.drain_timeout_s(DRAIN_TIMEOUT_S))
 
     return await serve(running, args, announcement, Load, log, on_stop=close, drain=drain)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from collections.abc import Callable
 from enum import Enum
 from typing import Literal
 
@@ -82,6 +85,49 @@ class RewardModelSettings(BaseModel):
     Bradley-Terry probability of beating a zero-score answer). `correct` is scalar > 0 either way."""
 
 
+class AgentSettings(BaseModel):
+    """A task whose episodes are user code: an agent written against the OpenAI client, run by the
+    environment service (reward_svc/agents.py) against the run's rollout gateway."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    function: str
+    """Dotted path of the agent: `package.module.episode` (or `package.module:episode`), an
+    `async def episode(example, client)` where example is a dict (prompt, answer, task) and client an
+    `openai.AsyncOpenAI` pointed at the run's rollout gateway with the episode's key. It returns the
+    reward (a number), or (reward, info): info may hold `correct` (bool) and `turn_rewards` (a number
+    per model turn, reported; the trainer uses the reward). The module must import where the run is
+    configured (checked at config load) and in the environment service (its PYTHONPATH)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Wall-clock limit of one episode, counted in the environment service from the episode's start;
+    past it the episode ends with reward 0 (counted as agent/ended_timeout), never the run."""
+    max_concurrency: int = Field(64, ge=1)
+    """Episodes running at once in each environment service of the task (more wait for a slot; the
+    coordinator sends each service at most this many)."""
+
+    def load(self) -> Callable:
+        """The agent function (ValueError saying what is wrong with the path)."""
+        return load_agent(self.function)
+
+
+def load_agent(path: str) -> Callable:
+    """The async function at `path` (module.attr or module:attr); ValueError saying what is wrong."""
+    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"agent function {path!r} must be a dotted path such as my_pkg.agents.episode")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"agent function {path!r}: module {module_name!r} does not import ({exc}); check the path "
+                         "and that the module is on PYTHONPATH") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ValueError(f"agent function {path!r}: module {module_name!r} has no {attr!r}")
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(f"agent function {path!r} must be an async function: async def {attr}(example, client)")
+    return fn
+
+
 class ScoringSettings(BaseModel):
     """How a reward service scores (the coordinator's `env.<task>` sections extend this class)."""
 
@@ -109,10 +155,35 @@ class RewardSettings(ScoringSettings):
     """Which scorer serves which task, and how scoring runs."""
 
     tasks: dict[str, Scorer] = Field(default_factory=lambda: {"arithmetic": Scorer.EXACT})
-    """Task name -> scorer (see Scorer)."""
+    """Task name -> scorer (see Scorer); unset with `agents` set: none (an environment service only)."""
+    agents: dict[str, AgentSettings] = Field(default_factory=dict)
+    """Task name -> the agent that runs its episodes (RewardService.RunEpisode); each path is
+    imported when the settings load, so a service whose agent does not import refuses to start."""
+
+    @property
+    def all_tasks(self) -> list[str]:
+        """The tasks this service serves (announced to the coordinator): scored ones and agents'."""
+        return sorted({*self.tasks, *self.agents})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agents_only(cls, data):
+        if isinstance(data, dict) and data.get("agents") and "tasks" not in data:
+            data = {**data, "tasks": {}}  # settings naming only agents serve no scored task
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> RewardSettings:
+        both = sorted(set(self.tasks) & set(self.agents))
+        if both:
+            raise ValueError(f"tasks {both} are both scored (tasks) and run by an agent (agents): keep one")
+        if not self.tasks and not self.agents:
+            raise ValueError("a reward service serves at least one task: set tasks or agents")
+        for task, agent in self.agents.items():
+            try:
+                agent.load()
+            except ValueError as exc:
+                raise ValueError(f"agents.{task}: {exc}") from None
         scorers = set(self.tasks.values())
         self._check_scorers(scorers)
         if any(s.needs_model for s in scorers) and self.reward_model.model_name is None:

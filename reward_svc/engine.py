@@ -6,6 +6,8 @@ settings' `Scorer` (one per kind, shared by the tasks that use it).
   replaced (reward_svc/workers.py). Code items run in the sandbox (reward_svc/sandbox/), started
   from those workers; settings validation keeps the per-item limit above the sandbox's own wall
   clock, and warm-up checks that the sandbox runs at all. Multi-turn scorers step episodes there too.
+- Agent tasks (settings `agents`) run whole episodes of user code against the run's rollout
+  gateway (RunEpisode; reward_svc/agents.py), on the service's own agents loop.
 - `ModelScorer` loads a reward model once, in this process, during warm-up (the service is
   NOT_SERVING until then), and scores a call's items together in batches on the model's own
   thread (reward_svc/envs/reward_model.py).
@@ -22,10 +24,20 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
 
+from reward_svc.agents import EpisodeRunner
 from reward_svc.config import RewardSettings, Scorer
 from reward_svc.envs import calculator, code, exact
 from reward_svc.envs.reward_model import RewardModel
-from reward_svc.types import RewardInfo, ScoreItem, ScoreResult, StepItem, StepResult, Turn
+from reward_svc.types import (
+    EpisodeRequest,
+    EpisodeResult,
+    RewardInfo,
+    ScoreItem,
+    ScoreResult,
+    StepItem,
+    StepResult,
+    Turn,
+)
 from reward_svc.workers import ScorerFailed, WorkerPool
 
 _ZERO = ScoreResult(reward=0.0, correct=False)
@@ -152,9 +164,11 @@ class RewardEngine:
         self._settings = settings
         self._log = log
         used = frozenset(settings.tasks.values())
-        self._pool = WorkerPool(settings.num_workers, initializer=functools.partial(_import_scorers, used))
+        self._pool = (WorkerPool(settings.num_workers, initializer=functools.partial(_import_scorers, used))
+                      if any(not s.needs_model for s in used) else None)  # an agents-only service needs none
         kinds = {s: (ModelScorer(settings, log) if s.needs_model else PoolScorer(s, self._pool, settings, log))
                  for s in used}
+        self._agents = EpisodeRunner(settings.agents, log) if settings.agents else None
         self._by_task = {task: kinds[s] for task, s in settings.tasks.items()}
         self._stopping = False
         self._calls = 0  # score/step calls in flight
@@ -162,14 +176,18 @@ class RewardEngine:
     async def warm_up(self) -> None:
         """Start the workers and import the scorers, then warm each scorer up, before the service
         reports SERVING."""
-        await self._pool.wait_ready()
+        if self._pool is not None:
+            await self._pool.wait_ready()
         for scorer in self._scorers():
             await scorer.warm_up()
 
     def info(self) -> RewardInfo:
-        tasks = self._settings.tasks
-        return RewardInfo(tasks=tuple(tasks), scorers={t: s.value for t, s in tasks.items()},
-                          multi_turn_tasks=tuple(t for t, s in tasks.items() if s.multi_turn))
+        tasks, agents = self._settings.tasks, self._settings.agents
+        return RewardInfo(tasks=tuple(self._settings.all_tasks),
+                          scorers={**{t: s.value for t, s in tasks.items()},
+                                   **{t: f"agent {a.function}" for t, a in agents.items()}},
+                          multi_turn_tasks=tuple(t for t, s in tasks.items() if s.multi_turn),
+                          agent_tasks=tuple(sorted(agents)))
 
     async def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
         self._check_tasks(items)
@@ -195,6 +213,19 @@ class RewardEngine:
         async with self._call():
             return list(await asyncio.gather(*(self._by_task[item.task].step(item) for item in items)))
 
+    async def run_episode(self, request: EpisodeRequest) -> EpisodeResult:
+        """Run one agent episode to its end (reward_svc/agents.py): whatever the agent does, a
+        result, never an error (an unknown task is the caller's: ValueError)."""
+        if self._agents is None or request.task not in self._settings.agents:
+            raise ValueError(f"task {request.task!r} has no agent here; this service runs agents for "
+                             f"{sorted(self._settings.agents)}")
+        async with self._call():
+            return await self._agents.run(request)
+
+    def drain_timeout_s(self, default_s: float) -> float:
+        """How long a stopping service waits for its calls: default_s, or an agent episode's limit."""
+        return max(default_s, self._agents.max_timeout_s() if self._agents is not None else 0.0)
+
     @contextlib.asynccontextmanager
     async def _call(self) -> AsyncIterator[None]:
         """One call in flight. Once the service stops, calls are refused as UNAVAILABLE (the caller
@@ -216,13 +247,16 @@ class RewardEngine:
         self._log.info("drained" if not self._calls else "drain_timed_out", calls_left=self._calls)
 
     def _check_tasks(self, items: list[ScoreItem] | list[StepItem]) -> None:
-        unknown = sorted({i.task for i in items} - set(self._settings.tasks))
+        unknown = sorted({i.task for i in items} - set(self._settings.tasks))  # agent tasks are RunEpisode's
         if unknown:
             raise ValueError(f"tasks {unknown} are not served here; this service scores {sorted(self._settings.tasks)}")
 
     def close(self) -> None:
         self._stopping = True
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()
+        if self._agents is not None:
+            self._agents.close()
         for scorer in self._scorers():
             scorer.close()
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class RewardInfo:
     scorers: dict[str, str]
     multi_turn_tasks: tuple[str, ...] = ()
     """The tasks whose episodes take several turns (rolled out with Step)."""
+    agent_tasks: tuple[str, ...] = ()
+    """The tasks whose episodes are an agent's (run with RunEpisode)."""
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,52 @@ class StepResult:
     observation: str = ""
     reward: float = 0.0
     correct: bool = False
+
+
+class EpisodeEnd(StrEnum):
+    """How an agent's episode ended (each reason but REWARDED is counted: agent/ended_<value>)."""
+
+    REWARDED = "rewarded"
+    """The agent returned a reward."""
+    TIMEOUT = "timeout"
+    """It ran past its time limit (env.<task>.agent.timeout_s)."""
+    ERROR = "error"
+    """The agent (its own code, a tool) raised."""
+    BAD_RETURN = "bad_return"
+    """It returned something other than a finite number or (finite number, dict)."""
+    REFUSED_CALL = "refused_call"
+    """A model call of it was refused by the gateway (HTTP 4xx: a request the gateway cannot serve
+    as sent, e.g. messages that do not continue the episode, or an episode out of room) and it
+    did not handle the error."""
+    NO_GENERATOR = "no_generator"
+    """A model call of it failed because no generator could serve it (HTTP 503)."""
+    JUDGE_UNPARSABLE = "judge_unparsable"
+    """Its judge's reply held no score in range (reward_svc/envs/judge.py UnparsableJudgement), not handled."""
+    SERVICE_LOST = "service_lost"
+    """Set by the coordinator: the environment services running it died (or stopped answering) more
+    times than an episode is re-run."""
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """One agent episode to run: the example, and where its model calls go (the run's rollout
+    gateway, with the episode's own API key)."""
+
+    task: str
+    example: dict
+    """prompt, answer, task (strings)."""
+    base_url: str
+    api_key: str
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """The end of an agent episode: its reward (0 unless REWARDED) and how it ended."""
+
+    end: EpisodeEnd
+    reward: float = 0.0
+    correct: bool = False
+    turn_rewards: tuple[float, ...] = ()
+    """The agent's per-turn rewards (info["turn_rewards"]), when it gave them."""
+    info: dict = field(default_factory=dict)
+    """The agent's info (values as JSON allows), or {"error": ...} when it did not return a reward."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from coordinator.config.agents import AgentConfig
-from reward_svc.config import Scorer, ScoringSettings
+from reward_svc.config import AgentSettings, Scorer, ScoringSettings
 
 
 class EnvConfig(ScoringSettings):
@@ -23,17 +22,21 @@ class EnvConfig(ScoringSettings):
     """Served by a reward service that someone else starts (the Python API's reward_fn, or one you
     run yourself with --coordinator): local launch starts none for this task and waits for one to register."""
 
-    agent: AgentConfig | None = None
-    """Episodes of this task are an agent's (user code against the OpenAI client, served through the
-    run's rollout gateway; coordinator/loop/gateway/): no reward service is started for the task,
-    the agent's return value is the reward. Unset: the task is scored by its reward service."""
+    agent: AgentSettings | None = None
+    """Episodes of this task are an agent's: user code against the OpenAI client, run by the task's
+    environment service (a reward service with `agents`: reward_svc/agents.py) against the run's
+    rollout gateway (coordinator/loop/gateway/); the agent's return value is the reward and `scorer`
+    is not used. Its path is imported at config load (unless `external`: then only the service that
+    someone else runs imports it). Unset: the task is scored by its reward service."""
 
     @property
     def served_by_agent(self) -> bool:
-        """The task's episodes and rewards come from its agent, not from a reward service."""
+        """The task's episodes and rewards come from its agent, not from a scorer."""
         return self.agent is not None
 
     @model_validator(mode="after")
     def _scorer_settings(self) -> EnvConfig:
         self._check_scorers({self.scorer})
+        if self.agent is not None and not self.external:
+            self.agent.load()  # a path that does not import is a config error that names it
         return self

@@ -36,7 +36,8 @@ class ServicePlan:
     generators: int
     """Generators that must be live: the generator services, or the trainer's own one."""
     reward_tasks: tuple[str, ...]
-    """The env.<task>s whose reward services must be live (none without rollouts), in config order."""
+    """The env.<task>s whose reward services must be live (none without rollouts), in config order: an
+    agent task's is its environment service, which runs the agent (reward_svc/agents.py)."""
     teacher_services: int = 0
     """Distillation teacher services (generator services serving distillation.teacher) launched
     (local) or waited for (external); none unless the run distills."""
@@ -77,8 +78,7 @@ class ExperimentConfig(Section):
         launched = self.cluster.num_generators if self.policy.generation.backend.separate_services else 0
         teachers = self.distillation.teacher.num_generators if self.distillation is not None else 0
         critic = self.ppo.critic.num_ranks if self.ppo is not None and self.ppo.critic is not None else 0
-        return ServicePlan(launched, launched or 1, tuple(t for t, env in self.env.items() if not env.served_by_agent),
-                           teachers, critic)
+        return ServicePlan(launched, launched or 1, tuple(self.env), teachers, critic)
 
     @property
     def placement(self) -> Placement:

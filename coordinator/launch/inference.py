@@ -23,7 +23,7 @@ def launch_inference(cfg: ExperimentConfig, model_dir: str, run_dir, coordinator
         path.write_text(generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name).model_dump_json())
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", str(path), *common),
                                    essential=False))
-    for task in (t for t, env in cfg.env.items() if not env.external and not env.served_by_agent):
+    for task in (t for t, env in cfg.env.items() if not env.external):  # an agent task's: its environment service
         path = settings_dir / f"reward-{task}.json"
         path.write_text(reward_settings(cfg, task).model_dump_json())
         launcher.start(ServiceSpec(f"reward-{task}", python_module("reward_svc", "--settings", str(path), *common),
@@ -34,7 +34,7 @@ def inference_ready(cfg: ExperimentConfig):
     """Predicate over live members: every generator and every task's reward service."""
     def ready(members: list[Member]) -> bool:
         tasks = {t for m in members if m.kind is ServiceKind.REWARD for t in m.tasks}
-        return sum(m.kind is ServiceKind.GENERATOR for m in members) >= cfg.cluster.num_generators and {t for t, env in cfg.env.items() if not env.served_by_agent} <= tasks
+        return sum(m.kind is ServiceKind.GENERATOR for m in members) >= cfg.cluster.num_generators and set(cfg.env) <= tasks
     return ready
 
 

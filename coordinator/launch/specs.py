@@ -104,10 +104,12 @@ def gpu_memory_utilization(cfg: ExperimentConfig) -> float:
 
 
 def reward_settings(cfg: ExperimentConfig, task: str) -> RewardSettings:
-    """env.<task> as the reward service's settings; a reward model left unset (scorer
-    reward_model) is the embedded tiny one, built once."""
+    """env.<task> as the reward service's settings: an agent task's service runs its agent (and
+    scores nothing); a reward model left unset (scorer reward_model) is the embedded tiny one, built once."""
     env = cfg.env[task]
     scoring = env.model_dump(include=set(ScoringSettings.model_fields))
+    if env.agent is not None:
+        return RewardSettings(tasks={}, agents={task: env.agent}, **scoring)
     if env.scorer.needs_model and env.reward_model.model_name is None:
         from coordinator.embedded.reward_model import ensure_tiny_reward_model
 

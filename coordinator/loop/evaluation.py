@@ -1,6 +1,6 @@
 """Held-out evaluation (the run's validation): greedy completions of the validation prompts, scored by the
-reward services; agent tasks run one episode each through the rollout gateway, greedy where the agent
-leaves temperature unset (loop/gateway/agents.py). Accuracy is the fraction judged correct."""
+reward services; agent tasks run one episode each in their environment services, through the rollout
+gateway, greedy where the agent leaves temperature unset (loop/gateway/agents.py). Accuracy is the fraction judged correct."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def validate(ctx, examples: list[Example], max_new_tokens: int, samples: list[di
     rows: list[tuple[str, float, bool] | None] = [None] * len(examples)
     for task in sorted(agents & {e.task for e in examples}):
         indices = [i for i, e in enumerate(examples) if e.task == task]
-        outcomes = agent_runner(ctx).evaluate(ctx.cfg.env[task].agent, [examples[i] for i in indices])
+        outcomes = agent_runner(ctx).evaluate(task, ctx.cfg.env[task].agent, [examples[i] for i in indices])
         for i, o in zip(indices, outcomes):
             rows[i] = (f"<agent episode: {len(o.record.turns)} model calls>", o.reward if o.reason is None else 0.0,
                        o.correct and o.reason is None)

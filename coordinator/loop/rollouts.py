@@ -104,7 +104,8 @@ def step_sampling(cfg, step: int) -> SamplingConfig:
 def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampling: SamplingConfig) -> list[list[Episode]]:
     """Roll out and score a batch that may mix tasks: single-turn tasks are generated once and
     scored (Score), multi-turn ones run episodes (Step), agent tasks run their agent through the
-    rollout gateway (loop/gateway/); per prompt, its n episodes, in the batch's order. An agent
+    rollout gateway, each run by the task's environment service (loop/gateway/agents.py); per prompt,
+    its n episodes, in the batch's order. An agent
     task's prompts[i] is replaced by the prompt its episodes share (loop/gateway/agents.py)."""
     cfg = ctx.cfg
 
@@ -118,7 +119,7 @@ def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampli
     for task in sorted(agents & {e.task for e in batch}):
         indices = [i for i, e in enumerate(batch) if e.task == task]
         runner = agent_runner(ctx)
-        results = runner.collect(cfg.env[task].agent, [batch[i] for i in indices], sampling.n,
+        results = runner.collect(task, cfg.env[task].agent, [batch[i] for i in indices], sampling.n,
                                  lambda e: list(e.prompt_ids), version=ctx.publisher.version)
         for i, (prompt, group) in zip(indices, results):
             prompts[i], groups[i] = prompt, group
@@ -144,7 +145,8 @@ def collect_episodes(ctx, batch: list[Example], prompts: list[list[int]], sampli
 
 def agent_runner(ctx) -> AgentRunner:
     """The run's rollout gateway and agent runner, started on first use (it stays up with the
-    loop's context; the policy's samplings settings are its defaults)."""
+    loop's context; the policy's samplings settings are its defaults); the agents run in the tasks'
+    environment services, looked up in membership for every episode."""
     if ctx.agents is None:
         from transformers import AutoTokenizer
 
@@ -157,7 +159,9 @@ def agent_runner(ctx) -> AgentRunner:
         defaults = GatewayDefaults(temperature=gen.temperature, top_p=gen.top_p, max_tokens=gen.max_new_tokens,
                                    max_total_tokens=min(gen.vllm_cfg.max_model_len, cfg.policy.max_total_sequence_length),
                                    model=cfg.policy.model_name or "tandem-policy")
-        ctx.agents = AgentRunner.start(AutoTokenizer.from_pretrained(ctx.tokens.source), generate, defaults, ctx.log)
+        ctx.agents = AgentRunner.start(AutoTokenizer.from_pretrained(ctx.tokens.source), generate, defaults,
+                                       ctx.services.environment_clients, host=cfg.cluster.host,
+                                       on_failure=ctx.services.reward_failed, wait=ctx.pause, log=ctx.log)
     return ctx.agents
 
 

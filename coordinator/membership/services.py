@@ -88,11 +88,20 @@ class Services:
                 by_task.setdefault(task, self._client(member, RewardClient))
         return by_task
 
+    def environment_clients(self, task: str) -> list[RewardClient]:
+        """The clients of every live service that serves `task` (an agent task's environment
+        services: its episodes are spread over all of them)."""
+        return [self._client(m, RewardClient) for m in self._registry.live(ServiceKind.REWARD) if task in m.tasks]
+
     def reward_failed(self, client: RewardClient, exc: Exception) -> None:
+        """Drop the member of `client`; safe when several callers report the same one at once
+        (an environment service's episodes all fail together when it dies)."""
         for member_id, known in list(self._clients.items()):
             if known is client:
                 self._registry.remove(member_id, reason=f"rpc failed: {exc}")
-                self._clients.pop(member_id).close()
+                dropped = self._clients.pop(member_id, None)
+                if dropped is not None:
+                    dropped.close()
 
     def close(self) -> None:
         for client in self._clients.values():

@@ -52,6 +52,10 @@ class EvalContext:
         return RewardRouter(self.services.reward_clients(), refresh=self.services.reward_clients,
                             on_failure=self.services.reward_failed, log=self.log)
 
+    def pause(self, seconds: float) -> None:
+        """Wait before looking for a missing service again (LoopContext.pause's face)."""
+        time.sleep(seconds)
+
 
 class EvalRun(RunBase):
     def __init__(self, cfg: ExperimentConfig, console: Console | None = None, checkpoint: Path | None = None):

@@ -1,8 +1,10 @@
 """A tool-calling agent, written the way agents are written: against the OpenAI client, with
-nothing of Tandem in it. Tandem trains it through its rollout gateway: every model call becomes
-tokens in one episode, exactly as the generators sampled them (coordinator/loop/gateway/).
+nothing of Tandem in it. Tandem runs it in the task's environment service (reward_svc/agents.py)
+and trains it through its rollout gateway: every model call becomes tokens in one episode, exactly
+as the generators sampled them (coordinator/loop/gateway/).
 
-Run it (the module must import: put this directory on PYTHONPATH):
+Run it (the module must import, where the run is configured and in the environment service: put
+this directory on PYTHONPATH):
 
     PYTHONPATH=examples/agents tandem run my_experiment.yaml
 

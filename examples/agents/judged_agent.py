@@ -1,5 +1,5 @@
 """An agent rewarded by an LLM judge: the policy answers, then a judge scores the answer against
-the reference (coordinator/loop/gateway/judge.py). The judge here is the policy itself, asked
+the reference (reward_svc/envs/judge.py). The judge here is the policy itself, asked
 through the same gateway as a side call, which samples it but never trains on it. For an answer
 that a rule can check, a rule is cheaper and exact; a judge is for answers it cannot.
 
@@ -10,7 +10,7 @@ test_agent_gateway.py runs it a GRPO step on the tiny chat model.
 
 from __future__ import annotations
 
-from coordinator.loop.gateway.judge import Judge
+from reward_svc.envs.judge import Judge
 
 JUDGE = Judge(template="Question: {question}\nAnswer: {answer}\nReference: {reference}\nScore 0-{max_score}?",
               max_score=1, max_tokens=12)

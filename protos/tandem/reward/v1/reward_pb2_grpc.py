@@ -50,6 +50,11 @@ class RewardServiceStub:
                 request_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepRequest.SerializeToString,
                 response_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.RunEpisode = channel.unary_unary(
+                '/tandem.reward.v1.RewardService/RunEpisode',
+                request_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.RunEpisodeRequest.SerializeToString,
+                response_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.RunEpisodeResponse.FromString,
+                _registered_method=True)
 
 
 class RewardServiceServicer:
@@ -80,6 +85,16 @@ class RewardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunEpisode(self, request, context):
+        """Run one agent episode (a task in GetInfoResponse.agent_tasks): the service calls the task's
+        agent with the example and an OpenAI client on base_url with api_key; every model call goes
+        through the coordinator's rollout gateway, which records its tokens. Returns when the episode
+        ended: rewarded, or with the reason it did not (the agent raised, timed out, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RewardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +112,11 @@ def add_RewardServiceServicer_to_server(servicer, server):
                     servicer.Step,
                     request_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepRequest.FromString,
                     response_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.StepResponse.SerializeToString,
+            ),
+            'RunEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunEpisode,
+                    request_deserializer=tandem_dot_reward_dot_v1_dot_reward__pb2.RunEpisodeRequest.FromString,
+                    response_serializer=tandem_dot_reward_dot_v1_dot_reward__pb2.RunEpisodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +201,33 @@ class RewardService:
             '/tandem.reward.v1.RewardService/Step',
             tandem_dot_reward_dot_v1_dot_reward__pb2.StepRequest.SerializeToString,
             tandem_dot_reward_dot_v1_dot_reward__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.reward.v1.RewardService/RunEpisode',
+            tandem_dot_reward_dot_v1_dot_reward__pb2.RunEpisodeRequest.SerializeToString,
+            tandem_dot_reward_dot_v1_dot_reward__pb2.RunEpisodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,10 +14,14 @@ from coordinator.config import load_config
 from coordinator.config.loading import ConfigError
 from coordinator.data.examples import Example
 from coordinator.embedded.tiny_chat import build_chat_tokenizer
-from coordinator.loop.gateway.agents import group_episodes, outcome_metrics, run_agents
+from coordinator.loop.gateway.agents import Environments, group_episodes, outcome_metrics
+from coordinator.loop.gateway.agents import run_agents as run_in_services
 from coordinator.loop.gateway.server import GatewayServer
 from coordinator.loop.gateway.service import GatewayDefaults, RolloutGateway
 from coordinator.loop.gateway.toolcalls import parse_tool_calls
+from reward_svc.agents import EpisodeRunner
+from reward_svc.config import AgentSettings
+from reward_svc.types import EpisodeEnd
 from tandem.generation.types import Completion
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate",
@@ -175,6 +179,33 @@ def test_parser_cases():
     assert parse_tool_calls("plain").tool_calls == ()
 
 
+class InProcessEnvironment:
+    """An environment service's agents (reward_svc/agents.py), called in this process: RunEpisode's
+    face without gRPC (tests/unit/reward_svc/test_agent_runner.py runs it over gRPC)."""
+
+    def __init__(self, agents: dict[str, AgentSettings]):
+        import structlog
+
+        self.agents = EpisodeRunner(agents, structlog.get_logger())
+
+    def run_episode(self, request, timeout_s):
+        return asyncio.run(self.agents.run(request))
+
+
+def run_agents(gateway, url, fn, examples, n, *, timeout_s, max_concurrency, temperature=None):
+    """n episodes of `fn` (a function of this module) per example, each run by an in-process
+    environment service, through the gateway at url."""
+    import time
+
+    agent = AgentSettings(function=f"{__name__}.{fn.__name__}", timeout_s=timeout_s, max_concurrency=max_concurrency)
+    env = InProcessEnvironment({"agent": agent})
+    environments = Environments("agent", lambda: [env], on_failure=lambda c, e: None, wait=time.sleep)
+    try:
+        return run_in_services(gateway, url, "agent", agent, environments, examples, n, temperature=temperature)
+    finally:
+        env.agents.close()
+
+
 def _examples(n):
     return [Example(f"{i}+1", str(i + 1), "agent", (1,)) for i in range(n)]
 
@@ -216,7 +247,17 @@ def test_an_agent_path_that_does_not_import_is_a_config_error():
     with pytest.raises(ConfigError, match="must be an async function"):
         load_config(raw={"env": {"arithmetic": {"agent": {"function": "json.dumps"}}}})
     cfg = load_config(raw={"env": {"arithmetic": {"agent": {"function": f"{__name__}.good", "timeout_s": 3}}}})
-    assert cfg.env["arithmetic"].agent.env.fn is good and cfg.service_plan.reward_tasks == ()
+    assert cfg.env["arithmetic"].agent.load() is good
+    assert cfg.service_plan.reward_tasks == ("arithmetic",)  # its environment service runs the agent
+    from coordinator.launch.specs import reward_settings
+
+    settings = reward_settings(cfg, "arithmetic")
+    assert (settings.tasks, settings.all_tasks, settings.agents["arithmetic"].timeout_s) == ({}, ["arithmetic"], 3)
+    # external: the service someone else runs imports it (and refuses to start if it cannot)
+    external = load_config(raw={"env": {"arithmetic": {"external": True,
+                                                       "agent": {"function": "no_such_pkg.agents.episode"}}}})
+    with pytest.raises(ValueError, match="agents.arithmetic: .* does not import"):
+        reward_settings(external, "arithmetic")
 
 
 def test_with_n_choices_the_next_call_continues_the_one_sent_back(served, tok):
@@ -274,7 +315,8 @@ def test_validation_runs_agent_tasks_greedily_through_the_gateway(served, tok, c
 
     gateway, server, generator = served([chars(tok, "1"), chars(tok, "3")])
     cfg = load_config(raw={"env": {"arithmetic": {"agent": {"function": f"{__name__}.good", "max_concurrency": 1}}}})
-    runner = AgentRunner(gateway, server)
+    env = InProcessEnvironment({"arithmetic": cfg.env["arithmetic"].agent})
+    runner = AgentRunner(gateway, server, lambda task: [env])
     ctx = (SimpleNamespace(cfg=cfg, agents=runner) if context == "loop"
            else EvalContext(cfg, services=None, tokens=None, log=None, agents=runner))
     samples = []
@@ -313,18 +355,16 @@ async def wraps_a_failed_call(example, client):
 
 
 def test_each_way_an_agent_fails_is_its_own_counted_reason_and_never_raises(served, tok):
-    from coordinator.loop.gateway.agents import EndReason
-
     gateway, server, _ = served([chars(tok, "1")] * 3)
     outcomes = [run_agents(gateway, server.url, fn, _examples(1), 1, timeout_s=5, max_concurrency=1)[0][0]
                 for fn in (returns_text, rewrites_history, returns_nan)]
     gateway.generate = lambda prompt, sampling: (_ for _ in ()).throw(RuntimeError("no live generator"))
     outcomes.append(run_agents(gateway, server.url, wraps_a_failed_call, _examples(1), 1, timeout_s=5,
                                max_concurrency=1)[0][0])
-    assert [o.reason for o in outcomes] == [EndReason.BAD_RETURN, EndReason.REFUSED_CALL, EndReason.BAD_RETURN,
-                                            EndReason.NO_GENERATOR]
+    assert [o.reason for o in outcomes] == [EpisodeEnd.BAD_RETURN, EpisodeEnd.REFUSED_CALL, EpisodeEnd.BAD_RETURN,
+                                            EpisodeEnd.NO_GENERATOR]
     assert "returns a number" in outcomes[0].info["error"] and "not one the model returned" in outcomes[1].info["error"]
-    assert "finite reward; got nan" in outcomes[2].info["error"]  # a NaN would poison its group's advantages
+    assert "finite numbers as a reward; got nan" in outcomes[2].info["error"]  # a NaN would poison its group's advantages
     assert [o.reward for o in outcomes] == [0.0] * 4 and [len(o.record.turns) for o in outcomes] == [1, 1, 0, 0]
     counts = outcome_metrics([outcomes])
     assert (counts["ended_bad_return"], counts["ended_refused_call"], counts["ended_no_generator"],
@@ -411,7 +451,7 @@ JUDGE_TEMPLATE = "Q:{question} A:{answer} R:{reference}"
 
 
 async def judged(example, client):
-    from coordinator.loop.gateway.judge import Judge
+    from reward_svc.envs.judge import Judge
 
     reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": example["prompt"]}])
     answer = reply.choices[0].message.content
@@ -430,8 +470,7 @@ def test_a_judge_is_a_side_call_the_episode_never_records(served, tok):
         add_special_tokens=False)["input_ids"]
     assert [t.completion_ids for t in good.record.turns] == [generator.sampled[0]]  # only the policy's answer
     assert good.record.tokens == generator.prompts[0] + generator.sampled[0]
-    from coordinator.loop.gateway.agents import EndReason
-    assert bad.reason is EndReason.JUDGE_UNPARSABLE and "has no score" in bad.info["error"]
+    assert bad.reason is EpisodeEnd.JUDGE_UNPARSABLE and "has no score" in bad.info["error"]
     counts = outcome_metrics(outcomes)
     assert (counts["side_calls"], counts["ended_judge_unparsable"], counts["model_turns"]) == (2, 1, 2)
 

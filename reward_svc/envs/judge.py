@@ -2,10 +2,11 @@
 
 The judge is called through the rollout gateway with the episode's own client, as a side call
 (`extra_body={"tandem": {"record": False}}`): a generator samples it like any call, but its tokens
-are not part of the episode, so the policy is never trained on the judge's words (service.py).
+are not part of the episode, so the policy is never trained on the judge's words (the gateway:
+coordinator/loop/gateway/service.py).
 The judge is then the policy itself; a separate judge model is a gateway of its own (base_url).
 
-A reply without a score in range raises `UnparsableJudgement` (the agent runner counts it as
+A reply without a score in range raises `UnparsableJudgement` (the environment service counts it as
 agent/ended_judge_unparsable; an agent may catch it and give its own reward instead).
 """
 

@@ -1,11 +1,11 @@
-"""LLM-as-judge parsing and prompting (coordinator/loop/gateway/judge.py); the judge's calls
+"""LLM-as-judge parsing and prompting (reward_svc/envs/judge.py); the judge's calls
 through a real gateway are in test_gateway.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.loop.gateway.judge import Judge, UnparsableJudgement, parse_score
+from reward_svc.envs.judge import Judge, UnparsableJudgement, parse_score
 
 
 @pytest.mark.parametrize(("reply", "score"), [
