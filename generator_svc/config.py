@@ -141,6 +141,11 @@ class GeneratorSettings(VllmSettings):
     """With in_flight_weight_updates: the frozen requests' KV cache is dropped and recomputed under
     the new weights. Off: they keep the old weights' KV, and prefix caching is disabled so that no
     new request reuses KV computed by old weights."""
+    return_routed_experts: bool = False
+    """MoE router replay (the coordinator sets it from policy.router_replay.enabled): each
+    completion carries the experts vLLM routed each fed token to (vLLM's
+    enable_return_routed_experts). vLLM 0.32 returns them only from its V2 model runner, which
+    this then turns on, and which needs Triton with a GPU backend: on CPU vLLM refuses to start."""
     teacher: bool = False
     """Serve a distillation teacher: announce as kind teacher (scored by the coordinator, never in
     the policy's rotation) and refuse weight updates."""
@@ -173,6 +178,9 @@ class GeneratorSettings(VllmSettings):
             raise ValueError("recompute_kv_cache_after_weight_updates needs in_flight_weight_updates: true")
         if self.in_flight_weight_updates and self.colocated:
             raise ValueError("in_flight_weight_updates needs a dedicated generator (colocated: false)")
+        if self.return_routed_experts and self.in_flight_weight_updates and not self.recompute_kv_cache_after_weight_updates:
+            raise ValueError("return_routed_experts needs vLLM's prefix caching, which in_flight_weight_updates without "
+                             "recompute_kv_cache_after_weight_updates turns off: set that to true")
         return self
 
     @model_validator(mode="before")
@@ -245,7 +253,7 @@ def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_p
         # the first request: ~11 s on 2 busy cores); eager PyTorch computes the same thing.
         env["TORCHDYNAMO_DISABLE"] = "1"
     # vLLM decides the V2 model runner by itself (on with Triton on GPUs) unless told
-    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if settings.model_runner_v2 else "0"
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if settings.model_runner_v2 or settings.return_routed_experts else "0"
     if settings.distributed_executor_backend is Executor.UNI:  # else vLLM's CPU platform forces "mp"
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if settings.cpu_threads_bind is None and "OMP_NUM_THREADS" not in current:

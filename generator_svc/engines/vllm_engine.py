@@ -478,6 +478,7 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, SleepMode, 
         distributed_executor_backend=str(settings.distributed_executor_backend),  # the plain str vLLM validates
         tensor_parallel_size=settings.tensor_parallel_size, pipeline_parallel_size=settings.pipeline_parallel_size,
         worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory,
+        enable_return_routed_experts=settings.return_routed_experts,
         # in-flight updates keeping stale KV: no prefix cache, or new requests would reuse that KV
         **({"enable_prefix_caching": False} if settings.in_flight_weight_updates
            and not settings.recompute_kv_cache_after_weight_updates else {}))
