@@ -150,21 +150,6 @@ class ExperimentConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _router_replay_where_vllm_routes(self) -> ExperimentConfig:
-        if not self.policy.router_replay.enabled:
-            return self
-        if not self.algorithm.uses_rollouts:
-            raise ValueError(f"policy.router_replay replays the routes of generated samples; {self.algorithm.value} "
-                             "runs generate none: set policy.router_replay.enabled=false")
-        if not self.cluster.gpus_per_node:
-            raise ValueError("policy.router_replay needs the generators to return the experts vLLM routed each token "
-                             "to (enable_return_routed_experts), which vLLM 0.32 does only in its V2 model runner, and "
-                             "that runner needs Triton with a GPU backend: on CPU nodes (cluster.gpus_per_node: 0) "
-                             "vLLM refuses it ('Model Runner V2 requires Triton.'). Run on GPU nodes or set "
-                             "policy.router_replay.enabled=false")
-        return self
-
-    @model_validator(mode="after")
     def _model_defaults(self) -> ExperimentConfig:
         """Fill the keys whose default depends on the model or on other keys (config/defaults.py)."""
         replaced, self._derived = derived_defaults(self)

@@ -154,8 +154,8 @@ class RouterReplaySettings(_Strict):
     enabled: bool = False
     """Replay the generator's routes (samples' routed_experts) through megatron-core's
     RouterReplay. Needs the Megatron backend and a mixture-of-experts model (Qwen2-MoE, Mixtral);
-    generators then return the experts vLLM routed each token to (vLLM's
-    enable_return_routed_experts, which vLLM 0.32 serves on GPUs only: its V2 model runner).
+    generators then return the experts vLLM routed each token to (vLLM's own output on GPUs,
+    Tandem's capture in vLLM's worker on CPU: generator_svc/route_capture.py).
     Each step reports moe_router_replay_disagreement, the share of replayed (token, layer) rows
     whose experts the trainer's own router would have chosen differently."""
 
@@ -284,14 +284,17 @@ class TrainerSettings(_Strict):
 
 def check_router_replay(backend: TrainingBackend | None, model_name: str | None, *, prefix: str) -> None:
     """ValueError, naming the keys (after `prefix`), unless router replay can run: the Megatron
-    backend on a mixture-of-experts checkpoint."""
+    backend on a mixture-of-experts checkpoint. `model_name` None: the model is not known yet (the
+    coordinator's embedded model or a directory given at launch), checked when the trainer's
+    settings are made from it."""
     if backend is not TrainingBackend.MEGATRON:
         raise ValueError(f"{prefix}router_replay replays routes in the Megatron backend's forward: set "
                          f"{prefix}megatron_cfg.enabled=true or {prefix}router_replay.enabled=false")
-    kind = model_type(model_name) if model_name is not None else None
+    if model_name is None:
+        return
+    kind = model_type(model_name)
     if kind not in MOE_MODEL_TYPES:
-        what = ("unset (the embedded tiny model, dense)" if model_name is None
-                else f"a {kind!r} checkpoint" if kind else f"{model_name!r}, whose config.json has no model_type")
+        what = f"a {kind!r} checkpoint" if kind else f"{model_name!r}, whose config.json has no model_type"
         raise ValueError(f"{prefix}router_replay needs a mixture-of-experts model ({', '.join(MOE_MODEL_TYPES)}); "
                          f"{prefix}model_name is {what}: set {prefix}router_replay.enabled=false")
 

