@@ -39,8 +39,8 @@ class RouteCapture:
 
         def execute_and_split(scheduler_output, *args, **kwargs):
             self._step.clear()
-            if self._bound[0].router.capture_fn is None:  # a weight reload built new routers
-                self._bind()
+            if self._runner.model is not self._model or self._bound[0].router.capture_fn is None:
+                self._bind()  # a reload built a new model or new routers
             out = execute(scheduler_output, *args, **kwargs)
             if self._step:
                 self._split(scheduler_output)
@@ -54,7 +54,7 @@ class RouteCapture:
             raise ValueError("return_routed_experts needs a mixture-of-experts model: vLLM's model has no MoE layer")
         for layer in layers:
             layer.router.set_capture_fn(lambda ids, index=layer.layer_id: self._step.__setitem__(index, ids))
-        self._bound = layers
+        self._bound, self._model = layers, self._runner.model
 
     def _split(self, scheduler_output) -> None:
         batch = self._runner.input_batch

@@ -7,7 +7,7 @@ second, generator_svc/fanout.py) and a reward service, started by the same code 
 The generator's weights after every publish are the trainer's (gathered over EP), so the
 sampled tokens' probabilities agree (token_mult_prob_error ~ 1) and a greedy completion's
 logprobs equal the trainer's; the routers' load-balancing loss is reported every step.
-Router replay is on (policy.router_replay): every completion carries the experts vLLM's routers
+Router replay is on (the recipe's policy.router_replay): every completion carries the experts vLLM's routers
 chose for it (generator_svc/route_capture.py, through both TP workers), the trainer replays
 them, and its own routers agree on every one (decisive routing); a sample whose routes are
 moved is scored with the moved experts.
@@ -44,8 +44,8 @@ def loop(tmp_path_factory, start_loop):
     cfg = load_config(RECIPE, overrides=[
         "policy.generation.vllm_cfg.tensor_parallel_size=2", f"logger.log_dir={root}",
         "logger.tensorboard_enabled=false", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
-        "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8",
-        "policy.router_replay.enabled=true"])
+        "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8"])
+    assert cfg.policy.router_replay.enabled  # the recipe's
     # N(0, 0.1) weights: decisive routing, so vLLM's and Megatron's top-k pick the same experts
     model_dir = str(ensure_tiny_moe(root / "cache", TinyMoeSpec(init_std=0.1)))
     try:
