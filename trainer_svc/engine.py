@@ -351,14 +351,14 @@ class TrainerEngine:
                 return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
             case _PublishWeights(group, version, detach):
                 if detach or self._detached.holds(version):  # async GRPO, or a resend of its held copy
-                    return self._detached.start(backend.iter_hf_tensors() if not self._detached.holds(version)
+                    return self._detached.start(backend.iter_published_tensors() if not self._detached.holds(version)
                                                 else iter(()), self._sender, group, version, self._plan)
                 self._detached.forget()
-                return publish_weights(backend.iter_hf_tensors(), self._sender, group, version, self._plan)
+                return publish_weights(backend.iter_published_tensors(), self._sender, group, version, self._plan)
             case _HoldWeights(version):
-                return self._detached.hold(backend.iter_hf_tensors(), version)
+                return self._detached.hold(backend.iter_published_tensors(), version)
             case _ExportCudaIpc(version):
-                return self._ipc.export(version, self._plan, backend.iter_hf_tensors(), leader=self.is_leader)
+                return self._ipc.export(version, self._plan, backend.iter_published_tensors(), leader=self.is_leader)
             case _ReleaseCudaIpc(version):
                 return self._ipc.release(version)
             case _SaveCheckpoint(path, background):

@@ -60,6 +60,10 @@ class TrainerBackend(Protocol):
     """HF names and full shapes of the tensors that `gather_hf_state_dict` returns, in the
     order `iter_hf_tensors` yields them (the bucket plan's; tied duplicates left out, as
     `save_pretrained` does)."""
+    published_tensor_shapes: dict[str, tuple[int, ...]]
+    """Names and full shapes of what a weight publish carries, in `iter_published_tensors` order
+    (the bucket plan's): `hf_tensor_shapes`, or with LoRA's `weight_sync: adapter` the adapters'
+    (PEFT's saved names)."""
     held_bytes: HeldBytes
     """Bytes of gathered full weights this rank holds, with their peak (instrumentation of the
     export: a streamed publish holds about one tensor, a whole state dict the whole model)."""
@@ -98,6 +102,11 @@ class TrainerBackend(Protocol):
         """Collective generator: the full tensors of the current policy in HF names, one at a
         time in `hf_tensor_shapes` order, yielded on rank 0 (on its device or the CPU); the
         other ranks yield nothing. Every rank must exhaust it (each item may be a collective)."""
+        ...
+
+    def iter_published_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective generator, as `iter_hf_tensors`, of what a weight publish carries (in
+        `published_tensor_shapes` order): the HF tensors, or the LoRA adapters alone."""
         ...
 
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:

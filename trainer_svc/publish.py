@@ -1,5 +1,6 @@
 """Publishing a weight version: every trainer rank streams its part of the HF tensors
-(`TrainerBackend.iter_hf_tensors`: TP gathers, pipeline sends, `full_tensor()`), and rank 0
+(`TrainerBackend.iter_published_tensors`: TP gathers, pipeline sends, `full_tensor()`; with LoRA's
+adapter weight sync the adapters alone), and rank 0
 packs each tensor into the bucket plan's current bucket as it arrives and broadcasts the
 bucket to the generators (`WeightSender.send`). Rank 0 holds two buckets (one filling, one on
 the wire) and one gathered tensor, never the whole model.
@@ -40,7 +41,7 @@ def weight_sync_plan(settings: TrainerSettings, backend: TrainerBackend) -> Buck
     it as it is packed (tandem.weight_sync.iter_buckets), whatever dtype it trains in."""
     dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
              else getattr(torch, settings.weight_sync_dtype))
-    return make_bucket_plan(((name, shape, dtype) for name, shape in backend.hf_tensor_shapes.items()),
+    return make_bucket_plan(((name, shape, dtype) for name, shape in backend.published_tensor_shapes.items()),
                             settings.weight_sync_bucket_bytes, settings.weight_sync_in_place_bytes)
 
 

@@ -21,7 +21,7 @@ from coordinator.config.ppo import PPOConfig
 from coordinator.config.preference import Algorithm, DPOConfig, RMConfig, resolve_algorithm
 from coordinator.config.run import CheckpointingConfig, ClusterConfig, LoggerConfig
 from coordinator.config.section import Section
-from trainer_svc.config import TrainingBackend
+from trainer_svc.config import LoraWeightSync, TrainingBackend
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,15 @@ class ExperimentConfig(Section):
         configured = self.policy.generation.free_weights_while_training
         if configured is not None:
             return configured
-        return not self.grpo.async_grpo.enabled and not self.cluster.gpus_per_node
+        return (not self.grpo.async_grpo.enabled and not self.cluster.gpus_per_node
+                and not self.generators_serve_adapters)
+
+    @property
+    def generators_serve_adapters(self) -> bool:
+        """Weight versions are LoRA adapters served over the generators' base weights
+        (policy.dtensor_cfg.lora_cfg.weight_sync: adapter)."""
+        lora = self.policy.dtensor_cfg.lora_cfg
+        return lora.enabled and lora.weight_sync is LoraWeightSync.ADAPTER
 
     @property
     def derived(self) -> dict[str, str]:
@@ -248,6 +256,26 @@ class ExperimentConfig(Section):
         if batch % critic.num_ranks:
             raise ValueError(f"ppo.critic.train_global_batch_size ({batch}) must be a multiple of "
                              f"ppo.critic.num_ranks ({critic.num_ranks})")
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_sync_consistent(self) -> ExperimentConfig:
+        if not self.generators_serve_adapters:
+            return self
+        generation = self.policy.generation
+        if not generation.backend.separate_services or generation.colocated.enabled:
+            raise ValueError("policy.dtensor_cfg.lora_cfg.weight_sync: adapter sends the adapters to dedicated vLLM "
+                             "generators, which keep their base weights; colocated ones give their weights up while "
+                             "the trainer trains: set lora_cfg.weight_sync: merged, or "
+                             "policy.generation.colocated.enabled: false")
+        if self.grpo.async_grpo.in_flight_weight_updates:
+            raise ValueError("policy.dtensor_cfg.lora_cfg.weight_sync: adapter swaps vLLM's LoRA slot between calls, "
+                             "not under requests in flight: set grpo.async_grpo.in_flight_weight_updates: false "
+                             "(or lora_cfg.weight_sync: merged)")
+        if generation.free_weights_while_training:
+            raise ValueError("policy.dtensor_cfg.lora_cfg.weight_sync: adapter keeps the generators' base weights for "
+                             "the whole run: set policy.generation.free_weights_while_training: false (or leave it "
+                             "unset)")
         return self
 
     @model_validator(mode="after")

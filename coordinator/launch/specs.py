@@ -14,7 +14,7 @@ from coordinator.config import ExperimentConfig
 from coordinator.embedded.cache import cache_root
 from coordinator.launch.launcher import LocalLauncher, ServiceSpec, python_module, torchrun_module
 from coordinator.membership.registry import Member
-from generator_svc.config import GeneratorSettings
+from generator_svc.config import GeneratorSettings, LoraAdapterServing
 from reward_svc.config import RewardModelSettings, RewardSettings, ScoringSettings
 from tandem.kinds import ServiceKind
 from trainer_svc.config import GenerationSettings, TrainerSettings, ValueModelSettings
@@ -61,7 +61,16 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
                              recompute_kv_cache_after_weight_updates=(
                                  cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates),
                              free_weights_while_training=cfg.generators_free_weights,
-                             return_routed_experts=cfg.policy.router_replay.enabled)
+                             return_routed_experts=cfg.policy.router_replay.enabled,
+                             lora_adapters=lora_adapter_serving(cfg))
+
+
+def lora_adapter_serving(cfg: ExperimentConfig) -> LoraAdapterServing | None:
+    """The adapters' rank and alpha where generators serve LoRA adapters (lora_cfg.weight_sync: adapter)."""
+    if not cfg.generators_serve_adapters:
+        return None
+    lora = cfg.policy.dtensor_cfg.lora_cfg
+    return LoraAdapterServing(rank=lora.dim, alpha=lora.alpha)
 
 
 def teacher_settings(cfg: ExperimentConfig, index: int, scratch: Path) -> GeneratorSettings:

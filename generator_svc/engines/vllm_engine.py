@@ -32,6 +32,10 @@ anything sleeps Generate is refused, and a version may be loaded once the weight
 `wake_up` resumes generation). On CPU with free_weights_while_training, `sleep(2)` frees the
 weights instead (worker_extension.RELEASE); generation is refused until a version is loaded.
 
+LoRA adapters as weight versions (lora_adapters, engines/served_weights.py): the swap is the same,
+with the adapter written and loaded into vLLM's LoRA slot in place of the weights' load, and every
+request sent with the slot's adapter.
+
 Draining (the service was told to stop): new Generate calls are refused with a
 ConnectionError (UNAVAILABLE: the caller sends them elsewhere); the calls and any weight
 swap in flight are awaited up to a timeout; whatever is still running then is aborted by
@@ -51,10 +55,10 @@ from typing import Any
 
 from generator_svc.config import GeneratorSettings
 from generator_svc.engines.gate import SwapGate
+from generator_svc.engines.served_weights import ServedWeights, served_weights
 from generator_svc.engines.sleep import SleepMode, SleepState, memory_args, sleep_mode
 from generator_svc.engines.vllm_outputs import sequence_scores, to_completion
 from generator_svc.worker_extension import (
-    APPLY,
     CAPTURE_ROUTES,
     PREPARE_PIPELINE,
     RECEIVE_APPLY,
@@ -89,8 +93,10 @@ class VllmEngine:
     """`GenerationEngine` over vLLM's AsyncLLM; build with `await VllmEngine.start(settings, log)`."""
 
     def __init__(self, llm: Any, settings: GeneratorSettings, engine_name: str, log: Any, *,
-                 sleep_mode: SleepMode = SleepMode.NONE, exit_grace_s: float | None = None) -> None:
+                 sleep_mode: SleepMode = SleepMode.NONE, exit_grace_s: float | None = None,
+                 served: ServedWeights | None = None) -> None:
         self._llm = llm
+        self._served = served or served_weights(settings)
         self._exit_grace_s = exit_grace_s  # None: vLLM's default
         self._settings = settings
         self._engine_name = engine_name
@@ -115,14 +121,16 @@ class VllmEngine:
         # Importing vLLM and building the engine block for that long; a thread keeps the event
         # loop (and so the gRPC health service) answering meanwhile.
         started = time.monotonic()
-        llm, engine_name, sleeps, exit_grace_s, capture = await asyncio.to_thread(_build_async_llm, settings)
+        served = served_weights(settings)
+        llm, engine_name, sleeps, exit_grace_s, capture = await asyncio.to_thread(_build_async_llm, settings,
+                                                                                  served.engine_args())
         built = time.monotonic()
         await llm.engine_core.set_weight_version_async("0")
         if capture:  # vLLM-CPU returns no routes itself: generator_svc/route_capture.py
             await llm.collective_rpc(CAPTURE_ROUTES, args=(settings.max_model_len,))
         if settings.pipeline_parallel_size > 1:
             await llm.collective_rpc(PREPARE_PIPELINE)
-        engine = cls(llm, settings, engine_name, log, sleep_mode=sleeps, exit_grace_s=exit_grace_s)
+        engine = cls(llm, settings, engine_name, log, sleep_mode=sleeps, exit_grace_s=exit_grace_s, served=served)
         engine._capture_routes = capture
         engine.vocab_size = llm.model_config.get_vocab_size()
         await engine._warm_up()
@@ -209,7 +217,8 @@ class VllmEngine:
         self._num_running += n
         final = None
         try:
-            async for output in self._llm.generate({"prompt_token_ids": prompt}, params, request_id):
+            async for output in self._llm.generate({"prompt_token_ids": prompt}, params, request_id,
+                                                   lora_request=self._served.lora_request):
                 final = output
         except VLLMClientError as exc:
             raise ValueError(f"prompt {prompt_index}: {exc}") from exc
@@ -268,7 +277,8 @@ class VllmEngine:
         self._num_running += 1
         final = None
         try:
-            async for output in self._llm.generate({"prompt_token_ids": list(sequence.token_ids)}, params, request_id):
+            async for output in self._llm.generate({"prompt_token_ids": list(sequence.token_ids)}, params, request_id,
+                                                   lora_request=self._served.lora_request):
                 final = output
         except VLLMClientError as exc:
             raise ValueError(f"sequence {index}: {exc}") from exc
@@ -289,7 +299,7 @@ class VllmEngine:
     def _streams(self, source: WeightSource) -> bool:
         """Whether `source` is loaded bucket by bucket as it arrives (GeneratorSettings.stream_weight_updates)."""
         settings = self._settings
-        return (settings.stream_weight_updates and isinstance(source, CollectiveSource)
+        return (settings.stream_weight_updates and self._served.streams and isinstance(source, CollectiveSource)
                 and not settings.in_flight_weight_updates and not self._sleep.asleep
                 and settings.tensor_parallel_size == 1 and settings.pipeline_parallel_size == 1)
 
@@ -416,7 +426,7 @@ class VllmEngine:
         """Swap the staged version in (generation is paused; `in_flight` requests frozen in it)."""
         started = time.monotonic()
         try:
-            await self._llm.collective_rpc(APPLY, args=(version,))
+            await self._served.apply(self._llm, version)
             await self._llm.reset_prefix_cache()  # refused (False) while frozen requests hold KV blocks
             await self._llm.engine_core.set_weight_version_async(str(version))
         except Exception:
@@ -475,9 +485,11 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, SleepMode, float | None, bool]:
-    """The engine, its name, how it sleeps, its process's exit grace and whether Tandem captures
-    the routed experts itself (return_routed_experts on CPU, where vLLM cannot return them)."""
+def _build_async_llm(settings: GeneratorSettings,
+                     extra_args: dict[str, Any]) -> tuple[Any, str, SleepMode, float | None, bool]:
+    """The engine (with `extra_args`, the served weights' engine arguments), its name, how it
+    sleeps, its process's exit grace and whether Tandem captures the routed experts itself
+    (return_routed_experts on CPU, where vLLM cannot return them)."""
     import vllm
     from vllm import AsyncEngineArgs
     from vllm.platforms import current_platform
@@ -504,8 +516,7 @@ def _build_async_llm(settings: GeneratorSettings) -> tuple[Any, str, SleepMode, 
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
         distributed_executor_backend=str(settings.distributed_executor_backend),  # the plain str vLLM validates
         tensor_parallel_size=settings.tensor_parallel_size, pipeline_parallel_size=settings.pipeline_parallel_size,
-        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory, **extra)
-
+        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory, **{**extra_args, **extra})
     # What AsyncLLM.from_engine_args does, with one change on CPU: building the config makes
     # vLLM's CPU platform ask for a spawned engine process; the settings may ask for fork instead.
     config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)

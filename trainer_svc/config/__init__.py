@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from trainer_svc.config.lora import LoraSettings  # pydantic only
+from trainer_svc.config.lora import LoraWeightSync as LoraWeightSync
 from trainer_svc.config.megatron import MegatronSettings  # pydantic only: no torch, no megatron
 from trainer_svc.config.megatron import megatron_conversion_problem as megatron_conversion_problem
 

@@ -42,6 +42,7 @@ from trainer_svc.batching import (
     unpack_logprobs,
 )
 from trainer_svc.config import TrainerSettings, TrainingBackend
+from trainer_svc.config.lora import LoraWeightSync
 from trainer_svc.distributed import DistEnv
 from trainer_svc.held_bytes import HeldBytes
 from trainer_svc.losses import (
@@ -93,6 +94,12 @@ class DTensorBackend:
         self.num_parameters = policy.num_parameters
         self.hf_tensor_shapes = policy.hf_tensor_shapes
         self.checkpoint_dtype = policy.checkpoint_dtype
+        if self._lora is not None and self._lora.weight_sync is LoraWeightSync.ADAPTER:
+            self.published_tensor_shapes = lora.adapter_shapes(self._model)
+            self._iter_published = lambda: lora.iter_adapters(self._model, self.rank, self.held_bytes)
+        else:
+            self.published_tensor_shapes = self.hf_tensor_shapes
+            self._iter_published = self.iter_hf_tensors
         opt = settings.optimizer
         self._params = [p for p in self._model.parameters() if p.requires_grad]
         # fused: one kernel per parameter, no temporaries. torch picks foreach for CUDA tensors and a
@@ -311,6 +318,11 @@ class DTensorBackend:
             if self.rank == 0:
                 yield name, self.held_bytes.track(full)
             del full  # freed before the next parameter is gathered
+
+    def iter_published_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective generator of what a publish carries: `iter_hf_tensors`, or with LoRA's
+        `weight_sync: adapter` the adapters alone (lora.iter_adapters)."""
+        return self._iter_published()
 
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         if self._lora is not None:

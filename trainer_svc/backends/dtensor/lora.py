@@ -10,6 +10,9 @@
   shared-memory publish and exports need nothing LoRA-specific. `export_adapter` also writes the
   adapters alone in PEFT's layout (adapter_config.json + adapter_model.safetensors), which
   `PeftModel.from_pretrained(base, dir)` loads.
+- With `weight_sync: adapter` a publish carries the adapters alone instead (`adapter_shapes`,
+  `iter_adapters`: the names and layout `export_adapter` writes), and generators serve them over
+  their base weights (generator_svc/engines/served_weights.py).
 - Checkpoints hold the adapters and their optimizer state only (the base never changes).
 """
 
@@ -87,17 +90,40 @@ def iter_merged(model: nn.Module, hf_names: list[str], scaling: float, rank: int
         del base, a, b
 
 
+def _adapter_entries(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(PEFT's saved name, this rank's value) of every adapter tensor, in a fixed order: the name
+    PEFT's save_pretrained writes (the adapter's own name dropped), which vLLM and
+    `PeftModel.from_pretrained` read."""
+    for name, value in model.state_dict().items():
+        if ".lora_A." in name or ".lora_B." in name:
+            yield name.replace(f".{ADAPTER}.", "."), value
+
+
+def adapter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The adapters' saved names and full shapes, in `iter_adapters` order (the same on every rank)."""
+    return {name: tuple(value.shape) for name, value in _adapter_entries(model)}
+
+
+def iter_adapters(model: nn.Module, rank: int, held: HeldBytes) -> Iterator[tuple[str, torch.Tensor]]:
+    """Collective generator: the adapters' full tensors under their saved names, on rank 0 (the
+    other ranks yield nothing but must exhaust it)."""
+    for name, value in _adapter_entries(model):
+        full = full_value(value)
+        if rank == 0:
+            yield name, held.track(full.detach())
+        del full
+
+
 def export_adapter(model: nn.Module, cfg: LoraSettings, model_name: str, out_dir: Path, rank: int) -> int:
     """Collective: write the adapters in PEFT's layout into `out_dir` (rank 0); returns how many
     tensors (0 elsewhere)."""
     from safetensors.torch import save_file
 
     tensors = {}
-    for name, value in model.state_dict().items():
-        if ".lora_A." in name or ".lora_B." in name:
-            full = full_value(value)
-            if rank == 0:
-                tensors[name.replace(f".{ADAPTER}.", ".")] = full.detach().to("cpu", torch.float32).contiguous()
+    for name, value in _adapter_entries(model):
+        full = full_value(value)
+        if rank == 0:
+            tensors[name] = full.detach().to("cpu", torch.float32).contiguous()
     if rank != 0:
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -136,6 +136,7 @@ class MegatronBackend:
         self.hf_tensor_shapes = (moe.hf_shapes(self.arch, self.layout.ep_size) if moe.is_moe(self.arch)
                                  else hf_shapes(self.arch))
         self.num_parameters = sum(math.prod(s) for s in self.hf_tensor_shapes.values())
+        self.published_tensor_shapes = self.hf_tensor_shapes  # no LoRA here: a publish is the HF tensors
         dtype_name = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
         self.checkpoint_dtype = getattr(torch, dtype_name) if isinstance(dtype_name, str) else dtype_name
         self.global_step = 0
@@ -358,6 +359,10 @@ class MegatronBackend:
         return metrics
 
     # ------------------------------------------------------------------ state
+
+    def iter_published_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a publish carries: the HF tensors (no LoRA on this backend)."""
+        return self.iter_hf_tensors()
 
     def iter_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective generator of full HF tensors on rank 0, in `hf_tensor_shapes` order
