@@ -204,9 +204,6 @@ class GeneratorSettings(VllmSettings):
             raise ValueError("recompute_kv_cache_after_weight_updates needs in_flight_weight_updates: true")
         if self.in_flight_weight_updates and self.colocated:
             raise ValueError("in_flight_weight_updates needs a dedicated generator (colocated: false)")
-        if self.return_routed_experts and self.in_flight_weight_updates and not self.recompute_kv_cache_after_weight_updates:
-            raise ValueError("return_routed_experts needs vLLM's prefix caching, which in_flight_weight_updates without "
-                             "recompute_kv_cache_after_weight_updates turns off: set that to true")
         if self.lora_adapters is not None and (self.free_weights_while_training or self.teacher
                                                or self.in_flight_weight_updates or self.colocated):
             raise ValueError("lora_adapters serves adapters over base weights it keeps: it cannot be combined with "

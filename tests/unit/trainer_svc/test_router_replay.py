@@ -123,6 +123,10 @@ def test_router_replay_is_refused_at_load_where_it_cannot_run(moe_dir, dense_dir
         trainer_settings(embedded, dense_dir)
     with pytest.raises(ConfigError, match=r"Megatron backend's forward: set policy\.megatron_cfg\.enabled=true"):
         load_config(overrides=[replay, f"policy.model_name={moe_dir}", "cluster.gpus_per_node=1"])
+    in_flight = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.in_flight_weight_updates=true"]
+    with pytest.raises(ConfigError, match="recompute_kv_cache_after_weight_updates=true"):  # vLLM's routes need it
+        load_config(overrides=[*MEGATRON, replay, f"policy.model_name={moe_dir}", "cluster.gpus_per_node=1", *in_flight])
+    load_config(overrides=[*MEGATRON, replay, f"policy.model_name={moe_dir}", *in_flight])  # CPU: Tandem's capture
     with pytest.raises(ValidationError, match="needs a mixture-of-experts model"):
         TrainerSettings(model_name=dense_dir, megatron_cfg={"enabled": True}, dtensor_cfg={"enabled": False},
                         router_replay={"enabled": True})
