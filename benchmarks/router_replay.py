@@ -4,7 +4,7 @@ Mixtral checkpoints (coordinator/embedded/tiny_moe.py, HF's initialisation: rout
 together, as in a trained model's near-ties, so that two implementations can route differently).
 
     .venv/bin/python benchmarks/router_replay.py [--samples 32] [--max-tokens 12] [--init-std 0.02]
-        [--vllm-dtype bfloat16] [--trainer-dtype float32]
+        [--vllm-dtype bfloat16] [--trainer-dtype float32] [--num-layers 2]
 
 vLLM 0.32 returns routed experts only from its V2 model runner (needs Triton with a GPU backend),
 so on CPU they are read as the generator service reads them (generator_svc/route_capture.py:
@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--init-std", type=float, default=None, help="None: HF's initialisation (std 0.02)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-layers", type=int, default=2, help="MoE layers of the tiny checkpoints")
     parser.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--trainer-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--score", nargs=3, metavar=("SETTINGS", "SAMPLES", "OUT"), help=argparse.SUPPRESS)
@@ -126,7 +127,8 @@ def main() -> None:
     from coordinator.embedded.tiny_moe import TinyMoeSpec, ensure_tiny_moe
 
     work = Path(tempfile.mkdtemp(prefix="r3-"))
-    models = {f: str(ensure_tiny_moe(work / "cache", TinyMoeSpec(family=f, init_std=args.init_std))) for f in FAMILIES}
+    models = {f: str(ensure_tiny_moe(work / "cache", TinyMoeSpec(family=f, init_std=args.init_std,
+                                                                   num_layers=args.num_layers))) for f in FAMILIES}
     samples = {f: generate(models[f], args.samples, args.max_tokens, args.seed, args.vllm_dtype) for f in FAMILIES}
     (work / "samples.json").write_text(json.dumps(samples))
     settings = {f: {"model_name": models[f], "dtype": args.trainer_dtype, "megatron_cfg": {"enabled": True},
@@ -141,7 +143,7 @@ def main() -> None:
                     str(work / "samples.json"), str(work / "out.json")], env=env, check=True)
     results = json.loads((work / "out.json").read_text())
     print(f"{args.samples} samples x {args.max_tokens} tokens per family, init_std={args.init_std or 'HF (0.02)'}, "
-          f"vLLM {args.vllm_dtype}, trainer {args.trainer_dtype}")
+          f"vLLM {args.vllm_dtype}, trainer {args.trainer_dtype}, {args.num_layers} MoE layers")
     print("| family | token_mult_prob_error without replay | with replay | max abs logprob diff without / with "
           "| rows vLLM and Megatron route differently |")
     print("| --- | --- | --- | --- | --- |")
