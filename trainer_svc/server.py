@@ -33,7 +33,8 @@ SERVICE_NAME = "tandem.trainer.v1.TrainerService"
 def _sample(s: pb.Sample) -> Sample:
     return Sample(tuple(s.token_ids), s.prompt_length, tuple(s.loss_mask) or None,
                   tuple(s.generation_logprobs) or None, s.advantage, tuple(s.teacher_logprobs) or None,
-                  tuple(s.token_advantages) or None, tuple(s.returns) or None, tuple(s.values) or None)
+                  tuple(s.token_advantages) or None, tuple(s.returns) or None, tuple(s.values) or None,
+                  tuple(s.routed_experts) or None)
 
 
 def _loss(request: pb.TrainStepRequest) -> LossConfig:

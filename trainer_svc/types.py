@@ -35,6 +35,10 @@ class Sample:
     returns: one per completion token, a critic's value targets (the value loss needs them).
     values: one per completion token, the critic's values when the batch was rolled out (the
         value loss clips against them).
+    routed_experts: MoE router replay: the experts the generator routed each position of
+        token_ids to, flat and row-major [position, MoE layer, k] (`trainer_svc.routes`); a
+        position past the rows given (the last token: the generator never fed it) is routed by
+        the trainer's own router. None: no replay.
     """
 
     token_ids: Sequence[int]
@@ -46,6 +50,7 @@ class Sample:
     token_advantages: Sequence[float] | None = None
     returns: Sequence[float] | None = None
     values: Sequence[float] | None = None
+    routed_experts: Sequence[int] | None = None
 
     @property
     def completion_length(self) -> int:

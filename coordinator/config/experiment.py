@@ -158,6 +158,16 @@ class ExperimentConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _router_replay_on_gpus_needs_prefix_caching(self) -> ExperimentConfig:
+        async_grpo = self.grpo.async_grpo
+        if (self.policy.router_replay.enabled and self.cluster.gpus_per_node and async_grpo.in_flight_weight_updates
+                and not async_grpo.recompute_kv_cache_after_weight_updates):
+            raise ValueError("policy.router_replay on GPUs takes the routes from vLLM, which needs its prefix cache; "
+                             "grpo.async_grpo.in_flight_weight_updates without recompute_kv_cache_after_weight_updates "
+                             "turns it off: set grpo.async_grpo.recompute_kv_cache_after_weight_updates=true")
+        return self
+
+    @model_validator(mode="after")
     def _model_defaults(self) -> ExperimentConfig:
         """Fill the keys whose default depends on the model or on other keys (config/defaults.py)."""
         replaced, self._derived = derived_defaults(self)

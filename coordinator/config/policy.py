@@ -24,8 +24,10 @@ from trainer_svc.config import (
     MegatronSettings,
     OptimizerSettings,
     RewardModelTrainingSettings,
+    RouterReplaySettings,
     SequencePackingSettings,
     TrainingBackend,
+    check_router_replay,
     resolve_backend,
 )
 
@@ -160,6 +162,9 @@ class PolicyConfig(Section):
     """Who generates the rollouts, and how."""
     reward_model_cfg: RewardModelTrainingSettings = RewardModelTrainingSettings()
     """Train a scalar-head reward model (with an rm section)."""
+    router_replay: RouterReplaySettings = RouterReplaySettings()
+    """MoE router replay, R3 (trainer_svc.config.RouterReplaySettings): the vLLM generators return
+    the experts they routed each token to and the Megatron trainer replays them."""
     backend: TrainingBackend | None = Field(None, exclude=True)
     """Resolved from dtensor_cfg/megatron_cfg at load; not a key to set."""
 
@@ -172,6 +177,12 @@ class PolicyConfig(Section):
         if self.backend is TrainingBackend.MEGATRON and self.sequence_packing.enabled:
             raise ValueError("policy.sequence_packing is implemented by the DTensor backend only; set "
                              "policy.sequence_packing.enabled=false or policy.megatron_cfg.enabled=false")
+        if self.router_replay.enabled:
+            check_router_replay(self.backend, self.model_name, prefix="policy.")
+            if not self.generation.backend.separate_services:
+                raise ValueError("policy.router_replay replays the routes of vLLM generators; with "
+                                 "policy.generation.backend=megatron the trainer generates with its own routers: "
+                                 "set policy.router_replay.enabled=false")
         if not self.generation.backend.separate_services and self.backend is not TrainingBackend.MEGATRON:
             raise ValueError("policy.generation.backend=megatron generates with the trainer's Megatron model: set "
                              "policy.megatron_cfg.enabled=true (or policy.generation.backend=vllm)")

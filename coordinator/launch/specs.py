@@ -32,7 +32,7 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
         model_name=model_dir, seed=cfg.grpo.seed, dtype=policy.precision, optimizer=policy.optimizer.kwargs,
         max_grad_norm=policy.max_grad_norm, dtensor_cfg=policy.dtensor_cfg, sequence_packing=policy.sequence_packing,
         reward_model_cfg=policy.reward_model_cfg, megatron_cfg=policy.megatron_cfg, weight_sync_host=cfg.cluster.host,
-        weight_sync_dtype=serving_dtype(cfg),
+        weight_sync_dtype=serving_dtype(cfg), router_replay=policy.router_replay,
         generation=GenerationSettings(enabled=not policy.generation.backend.separate_services,
                                       max_num_seqs=policy.generation.mcore_generation_config.max_num_seqs,
                                       max_model_len=policy.max_total_sequence_length))
@@ -61,6 +61,7 @@ def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratc
                              recompute_kv_cache_after_weight_updates=(
                                  cfg.grpo.async_grpo.recompute_kv_cache_after_weight_updates),
                              free_weights_while_training=cfg.generators_free_weights,
+                             return_routed_experts=cfg.policy.router_replay.enabled,
                              lora_adapters=lora_adapter_serving(cfg))
 
 

@@ -77,5 +77,6 @@ class RolloutGroups:
                 out.append(Sample(token_ids=prompt + list(c.token_ids), prompt_length=len(prompt),
                                   loss_mask=None if mask is None else list(mask),
                                   generation_logprobs=list(c.logprobs),
-                                  advantage=0.0 if advantages_PG is None else float(advantages_PG[p, g])))
+                                  advantage=0.0 if advantages_PG is None else float(advantages_PG[p, g]),
+                                  routed_experts=c.routed_experts or None))
         return out

@@ -56,7 +56,9 @@ class Episode:
     means every token is the model's (a single-turn episode). reward is the sum of the turns'
     rewards. finish_reason is the last model turn's ("stop", "length", "abort"), or "length"
     when a turn or length limit ended the episode. weight_version: the oldest weights that
-    sampled any of its turns.
+    sampled any of its turns. routed_experts: the last model turn's (MoE router replay; flat
+    [position, layer, k]): its prompt was the whole episode before it, so they cover every fed
+    position; empty when the generators do not return routes.
     """
 
     task: str
@@ -70,11 +72,12 @@ class Episode:
     num_turns: int = 0
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
+    routed_experts: tuple[int, ...] = ()
 
     @classmethod
     def single_turn(cls, task: str, completion: Completion, result: ScoreResult) -> Episode:
         return cls(task, list(completion.token_ids), list(completion.logprobs), None, result.reward, result.correct,
-                   completion.finish_reason, completion.weight_version, 1, [], True)
+                   completion.finish_reason, completion.weight_version, 1, [], True, completion.routed_experts)
 
     def add_turn(self, completion: Completion) -> None:
         self.weight_version = completion.weight_version if self.num_turns == 0 else min(
@@ -84,6 +87,7 @@ class Episode:
         self.logprobs += completion.logprobs
         self.loss_mask = (self.loss_mask or []) + [1.0] * len(completion.token_ids)
         self.finish_reason = completion.finish_reason
+        self.routed_experts = completion.routed_experts
 
     def add_observation(self, observation_ids: list[int]) -> None:
         assert self.loss_mask is not None, "an observation follows a model turn"

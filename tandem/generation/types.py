@@ -52,6 +52,9 @@ class Completion:
     token_ids excludes the prompt. logprobs[k] is the untempered logprob (log_softmax of
     the raw logits) of token_ids[k] given the prompt and token_ids[:k]; one per token.
     weight_version is the version of the weights that sampled every token.
+    routed_experts: MoE router replay, when the generator was started to return them: the
+    experts the engine routed each fed position of prompt + completion to (every token but the
+    last sampled one), flat and row-major [position, MoE layer, k]; empty otherwise.
     """
 
     prompt_index: int
@@ -60,6 +63,7 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
+    routed_experts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,15 @@ random Qwen2-MoE and Mixtral checkpoints built locally (N(0, 0.15) weights: deci
   only gradient, the same at both layouts (its normalisation does not depend on them), and
   none at all with the balancing off;
 - the export gathers every expert to rank 0 bit for bit, and freeze_moe_router keeps every
-  router's weights while the experts train (Mixtral, with the alltoall token dispatcher).
+  router's weights while the experts train (Mixtral, with the alltoall token dispatcher);
+- router replay (both EP=2 layouts and TP=2 x EP=2 with sequence parallel): routes fed with
+  the samples, as a generator returns them, are the experts every rank's routers use; replaying
+  the model's own routes changes no logprob, and moving some routes changes exactly those rows.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -33,6 +37,9 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 def moe(model_dir: str, **cfg) -> dict:
     return {"model_name": model_dir, "megatron_cfg": {"enabled": True, **cfg}}
+
+
+REPLAY = {"router_replay": {"enabled": True}}
 
 
 AUX = {"moe_router_load_balancing_type": "aux_loss"}
@@ -64,9 +71,10 @@ def ep2(models, tmp_path_factory) -> dict[str, dict]:
     bias_activation_fusion (Megatron's jit-scripted SwiGLU, which runs on CPU, against ep1's plain
     SwiGLU), and the Mixtral with frozen routers and the all-to-all token dispatcher."""
     tmp = tmp_path_factory.mktemp("moe-ep2")
-    layouts = {"qwen2_moe": moe(models["qwen2_moe"], expert_model_parallel_size=2, bias_activation_fusion=True, **AUX),
-               "mixtral": moe(models["mixtral"], expert_model_parallel_size=2, freeze_moe_router=True,
-                              moe_token_dispatcher_type="alltoall")}
+    layouts = {"qwen2_moe": {**moe(models["qwen2_moe"], expert_model_parallel_size=2, bias_activation_fusion=True,
+                                   **AUX), **REPLAY},
+               "mixtral": {**moe(models["mixtral"], expert_model_parallel_size=2, freeze_moe_router=True,
+                                 moe_token_dispatcher_type="alltoall"), **REPLAY}}
     return dict(zip(layouts, run_worker(tmp, list(layouts.values()), "moe", 2, tmp / "c")[0]))
 
 
@@ -88,8 +96,9 @@ def test_ep2_equals_hf_and_trains_like_ep1(ep1, ep2):
 
 def test_tp2_x_ep2_equals_hf_and_trains_like_ep1(ep1, models, tmp_path, shared_cache):
     layout = dict(tensor_model_parallel_size=2, expert_model_parallel_size=2, sequence_parallel=True)
-    four, _ = run_worker(tmp_path, moe(models["qwen2_moe"], **layout, **AUX), "moe", 4, shared_cache)
+    four, _ = run_worker(tmp_path, {**moe(models["qwen2_moe"], **layout, **AUX), **REPLAY}, "moe", 4, shared_cache)
     _check_common(four)  # the experts also split over 2 expert-tensor-parallel ranks
+    _check_replay(four["replay"], ranks=4)  # each TP rank's routers take its half of the sequence
     assert four["logits"]["conversion"] == "cached"  # the EP=1 conversion, resharded to TP=2 x EP=2 x ETP=2
     for mine, ref in zip(four["steps"], ep1["steps"]):
         assert abs(mine["loss"] - ref["loss"]) < 1e-4 and abs(mine["kl"] - ref["kl"]) < 1e-4
@@ -108,3 +117,20 @@ def test_mixtral_with_frozen_routers_no_balancing_loss_and_alltoall(ep2):
     assert len(routers) == 2 and not set(routers) & set(out["moved"])  # frozen: not one weight moved
     moved_experts = {int(n.split(".experts.")[1].split(".")[0]) for n in out["moved"] if ".experts." in n}
     assert len(experts) == 2 * 4 * 3 and moved_experts & {0, 1} and moved_experts & {2, 3}  # on both EP ranks
+
+
+def _check_replay(out: dict, ranks: int) -> None:
+    """job_replay's results (tests/megatron/worker.py)."""
+    assert len(out["used_by_rank"]) == ranks and all(r["equal"] and r["rows"] > 0 for r in out["used_by_rank"])
+    assert out["own"] == out["plain"]  # the model's own routes, replayed: not one logprob moves
+    assert max(abs(a - b) for x, y in zip(out["other"], out["plain"]) for a, b in zip(x, y)) > 1e-2
+    own, other = out["own_step"], out["other_step"]
+    assert own["moe_router_replay_rows"] == other["moe_router_replay_rows"] == out["given_rows"]
+    assert own["moe_router_replay_disagreement"] == 0.0
+    assert other["moe_router_replay_disagreement"] == out["moved_rows"] / out["given_rows"]  # those rows, no more
+    assert math.isfinite(out["trained_step"]["grad_norm"]) and out["trained_step"]["grad_norm"] > 0
+
+
+def test_router_replay_routes_by_the_fed_experts(ep2):
+    for family in ("qwen2_moe", "mixtral"):
+        _check_replay(ep2[family]["replay"], ranks=2)

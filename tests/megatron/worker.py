@@ -117,11 +117,90 @@ def job_moe(backend, model_dir: str) -> dict:
     zero = [Sample(s.token_ids, s.prompt_length, generation_logprobs=s.generation_logprobs, advantage=0.0)
             for s in fixed_samples(backend.vocab_size)]
     out["auxgrad"] = backend.train_step(zero, GrpoLossConfig(), 8, 2, None).metrics
+    if settings_replay(backend):
+        out["replay"] = job_replay(backend, model_dir)
     state = backend.gather_hf_state_dict()
     if state is not None:
         source = checkpoint_tensors(model_dir)
         out.update(export=exported, names=sorted(state),
                    moved=sorted(n for n in state if not torch.equal(state[n].float(), source[n].float())))
+    return out
+
+
+def settings_replay(backend) -> bool:
+    return getattr(backend, "_replayer", None) is not None
+
+
+def hf_routes(backend, model_dir: str, samples: list[Sample]) -> list[list[int]]:
+    """Each sample's routes as a generator returns them, under the trainer's current weights: the
+    HF model's top-k experts at every position but the last, flat [position, layer, k] (another
+    implementation than Megatron's, as vLLM's is). Collective; rank 0 computes, every rank gets them."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    state = backend.gather_hf_state_dict()
+    routes: list = [None]
+    if state is not None:
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        hf.load_state_dict(state, strict=False)
+        topk, out = hf.config.num_experts_per_tok, []
+        with torch.no_grad():
+            for sample in samples:
+                ids = torch.tensor([list(sample.token_ids)])
+                logits = hf(input_ids=ids, output_router_logits=True).router_logits
+                per_layer = [layer.view(ids.shape[1], -1).topk(topk, dim=-1).indices for layer in logits]
+                out.append(torch.stack(per_layer, dim=1)[:-1].flatten().tolist())  # [T-1, L, k]
+        routes = [out]
+    dist.broadcast_object_list(routes, src=0, group=backend._env.cpu_group)
+    return routes[0]
+
+
+def job_replay(backend, model_dir: str) -> dict:
+    """Router replay with routes fed as a generator sends them (HF's, see hf_routes): logprobs and
+    GRPO steps replaying the model's own routes, and with the last MoE layer's routes of every
+    other position moved to other experts (each index + 1 mod E: nothing before that layer
+    changes, so exactly those rows disagree with the router's own choice). The two measuring
+    steps run at learning rate 0 (the routes stay the weights' own); a last one trains. Then
+    the experts the last replayed forward used against the ones fed, on every rank."""
+    from dataclasses import replace
+
+    import torch.distributed as dist
+
+    from trainer_svc.batching import rank_shard
+    from trainer_svc.routes import NOT_ROUTED, router_targets
+
+    samples = fixed_samples(backend.vocab_size)
+    routes = hf_routes(backend, model_dir, samples)
+    layers, topk, experts = backend.arch.num_layers, backend.arch.moe.topk, backend.arch.moe.num_experts
+    moved, moved_rows = [], 0
+    for flat in routes:
+        rows = torch.tensor(flat).view(-1, layers, topk)
+        rows[1::2, -1] = (rows[1::2, -1] + 1) % experts
+        moved_rows += rows[1::2].shape[0]
+        moved.append(rows.flatten().tolist())
+    own = [replace(s, routed_experts=r) for s, r in zip(samples, routes)]
+    other = [replace(s, routed_experts=r) for s, r in zip(samples, moved)]
+    loss = GrpoLossConfig(reference_policy_kl_penalty=0.01)
+    out = {"given_rows": sum(len(r) // (layers * topk) for r in routes) * layers, "moved_rows": moved_rows,
+           "plain": backend.compute_logprobs(samples, "current", 2),
+           "own": backend.compute_logprobs(own, "current", 2),
+           "other": backend.compute_logprobs(other, "current", 2)}
+    out["own_step"] = backend.train_step(own, loss, 8, 2, 0.0).metrics
+    out["other_step"] = backend.train_step(other, loss, 8, 2, 0.0).metrics
+    out["trained_step"] = backend.train_step(other, loss, 8, 2, 2e-4).metrics
+    layout = backend.layout
+    shard = rank_shard(other, layout.dp_rank, layout.dp_size)
+    backend.compute_logprobs(other, "current", len(shard))  # one micro-batch: the last forward is the shard
+    fed = router_targets(backend._micro_routes(shard, len(shard), 1, backend._width(other))[0],
+                         tp_rank=layout.tp_rank, tp_size=layout.tp_size,
+                         sequence_parallel=backend._config.sequence_parallel)
+    used = backend._replayer.recorded_indices()
+    given = [(f[:, 0] != NOT_ROUTED) for f in fed]
+    mine = {"rows": int(sum(g.sum() for g in given)),
+            "equal": all(torch.equal(u[g], f[g]) for u, f, g in zip(used, fed, given))}
+    ranks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    out["used_by_rank"] = ranks
     return out
 
 

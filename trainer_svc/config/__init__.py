@@ -143,6 +143,34 @@ class ValueModelSettings(_Strict):
     keeps it. It serves ComputeValues and trains only with the value loss."""
 
 
+MOE_MODEL_TYPES = ("qwen2_moe", "mixtral")
+"""config.json model types of the mixture-of-experts families the Megatron backend converts."""
+
+
+class RouterReplaySettings(_Strict):
+    """MoE router replay (R3; NeMo-RL's `policy.router_replay`): the trainer routes each token to
+    the experts the generator routed it to, in every forward over generated samples (logprobs,
+    reference and training), so that training and inference use the same experts."""
+
+    enabled: bool = False
+    """Replay the generator's routes (samples' routed_experts) through megatron-core's
+    RouterReplay. Needs the Megatron backend and a mixture-of-experts model (Qwen2-MoE, Mixtral);
+    generators then return the experts vLLM routed each token to (vLLM's own output on GPUs,
+    Tandem's capture in vLLM's worker on CPU: generator_svc/route_capture.py).
+    Each step reports moe_router_replay_disagreement, the share of replayed (token, layer) rows
+    whose experts the trainer's own router would have chosen differently."""
+
+
+def model_type(model_dir: str) -> str | None:
+    """model_type of the HF checkpoint directory's config.json; None when it has none."""
+    import json
+
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("model_type")
+
+
 class GenerationSettings(_Strict):
     """Serve generation from the trainer's own model (the coordinator's policy.generation.backend:
     megatron): rank 0 also serves `tandem.generator.v1.GeneratorService` and registers as a generator."""
@@ -199,6 +227,8 @@ class TrainerSettings(_Strict):
     """How long ranks other than 0 wait for the next command (time between RPCs)."""
     generation: GenerationSettings = GenerationSettings()
     """Generation served from the trainer's own model (Megatron backend only)."""
+    router_replay: RouterReplaySettings = RouterReplaySettings()
+    """MoE router replay (Megatron backend, mixture-of-experts models)."""
 
     backend: TrainingBackend | None = Field(None, exclude=True, validate_default=True)
     """Resolved from dtensor_cfg.enabled / megatron_cfg.enabled at load (resolve_backend); not a key to set."""
@@ -223,6 +253,8 @@ class TrainerSettings(_Strict):
         if self.generation.enabled and self.megatron_cfg.context_parallel_size > 1:
             raise ValueError("generation.enabled (policy.generation.backend: megatron) decodes whole rows: set "
                              "megatron_cfg.context_parallel_size to 1 or generate with vLLM")
+        if self.router_replay.enabled:
+            check_router_replay(self.backend, self.model_name, prefix="")
         if self.reward_model_cfg.enabled and self.value_model_cfg.enabled:
             raise ValueError("reward_model_cfg.enabled and value_model_cfg.enabled are exclusive: a trainer holds a "
                              "reward model or a critic; set one of them to false")
@@ -249,6 +281,23 @@ class TrainerSettings(_Strict):
         if self.reward_model_cfg.enabled:
             return ModelHead.SEQUENCE_SCORE
         return ModelHead.TOKEN_VALUE if self.value_model_cfg.enabled else ModelHead.LM
+
+
+def check_router_replay(backend: TrainingBackend | None, model_name: str | None, *, prefix: str) -> None:
+    """ValueError, naming the keys (after `prefix`), unless router replay can run: the Megatron
+    backend on a mixture-of-experts checkpoint. `model_name` None: the model is not known yet (the
+    coordinator's embedded model or a directory given at launch), checked when the trainer's
+    settings are made from it."""
+    if backend is not TrainingBackend.MEGATRON:
+        raise ValueError(f"{prefix}router_replay replays routes in the Megatron backend's forward: set "
+                         f"{prefix}megatron_cfg.enabled=true or {prefix}router_replay.enabled=false")
+    if model_name is None:
+        return
+    kind = model_type(model_name)
+    if kind not in MOE_MODEL_TYPES:
+        what = f"a {kind!r} checkpoint" if kind else f"{model_name!r}, whose config.json has no model_type"
+        raise ValueError(f"{prefix}router_replay needs a mixture-of-experts model ({', '.join(MOE_MODEL_TYPES)}); "
+                         f"{prefix}model_name is {what}: set {prefix}router_replay.enabled=false")
 
 
 def resolve_backend(

@@ -13,6 +13,8 @@ Same losses, logprob alignment, metrics and global normalisation as the DTensor 
 The reference policy is a copy of the initial weights swapped in (in place) for reference passes.
 Mixture-of-experts models (moe.py) add expert parallelism, frozen routers and the routers'
 load-balancing loss (moe_train.py); their export gathers experts over EP (moe_weights.py).
+With router_replay on, every forward over samples that carry the generator's routes takes
+their experts (router_replay.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from trainer_svc.backends.megatron import checkpoint, cpu_compat, gpu_features, moe, moe_weights
+from trainer_svc.backends.megatron import checkpoint, cpu_compat, gpu_features, moe, moe_weights, router_replay
 from trainer_svc.backends.megatron.convert import hf_shapes
 from trainer_svc.backends.megatron.model import (
     OptimizerDefaults,
@@ -57,6 +59,7 @@ from trainer_svc.batching import (
 from trainer_svc.config import TrainerSettings, TrainingBackend
 from trainer_svc.distributed import DistEnv
 from trainer_svc.held_bytes import HeldBytes
+from trainer_svc.routes import routes_BTLK
 from trainer_svc.losses import (
     LossFn,
     LossInputs,
@@ -95,10 +98,18 @@ class MegatronBackend:
         torch.manual_seed(settings.seed)
         if moe.is_moe(self.arch):
             gpu_features.patch_router_without_te()
+        replay = settings.router_replay.enabled
+        if replay:
+            if not moe.is_moe(self.arch):
+                raise ValueError(f"router_replay needs a mixture-of-experts model; {settings.model_name} is a dense "
+                                 f"{self.arch.family}: set router_replay.enabled=false")
+            router_replay.check_layout(cfg.pipeline_model_parallel_size, cfg.context_parallel_size)
+            router_replay.reset_instances()
         with cpu_compat.active():
             self.layout = init_model_parallel(cfg, settings.seed)
             dtype = compute_dtype(cfg, settings.dtype)
             self._config = transformer_config(self.arch, cfg, dtype, cpu_initialization=placement.cpu_initialization)
+            self._config.moe_enable_routing_replay = replay  # megatron-core's RouterReplay in every router
             self._model = placement.place(build_gpt_model(self.arch, self._config, self.layout, use_te=placement.use_te))
             self.conversion, self.conversion_s = load_weights(self._model, self.arch, self.layout, settings.model_name, rank=self.rank,
                                            group=env.cpu_group, log=self._log)
@@ -115,6 +126,10 @@ class MegatronBackend:
         self._sequence_multiple = (self.layout.tp_size if cfg.sequence_parallel else 1) * self._tokens.width_multiple
         self._params = [p for p in self._model.parameters()]
         self._moe_aux = MoeAuxLoss(self._config, self.arch, cfg) if moe.is_moe(self.arch) else None
+        self._replayer = (router_replay.RouterReplayer(self.arch.num_layers, tp_rank=self.layout.tp_rank,
+                                                       tp_size=self.layout.tp_size,
+                                                       sequence_parallel=cfg.sequence_parallel) if replay else None)
+        self._replay_counts_here = replay and (self.layout.tp_rank == 0 or cfg.sequence_parallel)
         self._reference = ReferenceWeights(self._params)
         self.held_bytes = HeldBytes()
         self.vocab_size = self.arch.vocab_size
@@ -145,18 +160,36 @@ class MegatronBackend:
             out.append(_pad(batch, width, real, self._pad_id))
         return out
 
+    def _micro_routes(self, samples: Sequence[Sample], micro_batch_size: int, num_micro: int,
+                      width: int) -> list[torch.Tensor | None] | None:
+        """Per micro-batch of `_micro_batches`, the [B, width, layers, k] routes to replay (None: the
+        routers' own); None when router replay is off."""
+        if self._replayer is None:
+            return None
+        m, filler = self.arch.moe, Sample((self._pad_id, self._pad_id), 1)
+        out = []
+        for i in range(num_micro):
+            chunk = list(samples[i * micro_batch_size:(i + 1) * micro_batch_size])
+            out.append(routes_BTLK(chunk + [filler] * (micro_batch_size - len(chunk)), width, self.arch.num_layers,
+                                   m.topk, m.num_experts))
+        return out
+
     def _width(self, samples: Sequence[Sample]) -> int:
         width = max(len(s.token_ids) for s in samples)
         return _ceil_div(width, self._sequence_multiple) * self._sequence_multiple
 
-    def _schedule(self, batches: list[MicroBatch], loss_func, *, forward_only: bool) -> list:
-        """Run Megatron's forward(-backward) schedule over `batches`; the last stage gets the loss outputs."""
+    def _schedule(self, batches: list[MicroBatch], loss_func, *, forward_only: bool,
+                  routes: list[torch.Tensor | None] | None = None) -> list:
+        """Run Megatron's forward(-backward) schedule over `batches`; the last stage gets the loss
+        outputs. With router replay on, micro-batch i's forward replays routes[i] (None: the routers' own)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        feed = iter(batches)
+        feed = iter(zip(batches, routes or [None] * len(batches)))
 
         def forward_step(data_iterator, model):
-            batch = next(data_iterator)
+            batch, route = next(data_iterator)
+            if self._replayer is not None:
+                self._replayer.replay(route)
             ids, positions = self._tokens.inputs(batch.input_ids)
             return model(ids, positions, None), partial(loss_func, batch)
 
@@ -170,7 +203,8 @@ class MegatronBackend:
 
     # ------------------------------------------------------------------ logprobs
 
-    def _score_batches(self, batches: list[MicroBatch]) -> list[torch.Tensor | None]:
+    def _score_batches(self, batches: list[MicroBatch],
+                       routes: list[torch.Tensor | None] | None = None) -> list[torch.Tensor | None]:
         """[B, T-1] logprobs per micro-batch on the last stage (None elsewhere)."""
         def loss_func(batch, output):
             logp = self._tokens.logprobs(output, batch.input_ids)
@@ -178,7 +212,7 @@ class MegatronBackend:
 
         self._model.eval()
         with torch.no_grad():
-            out = self._schedule(batches, loss_func, forward_only=True)
+            out = self._schedule(batches, loss_func, forward_only=True, routes=routes)
         self._model.train()
         return [o["logprobs"] for o in out] if self.layout.is_last_stage else [None] * len(batches)
 
@@ -192,9 +226,11 @@ class MegatronBackend:
             dp, dp_rank = self.layout.dp_size, self.layout.dp_rank
             shard = rank_shard(samples, dp_rank, dp)
             num_micro = _ceil_div(_ceil_div(len(samples), dp), micro_batch_size)
-            batches = self._micro_batches(shard, micro_batch_size, num_micro, self._width(samples))
+            width = self._width(samples)
+            batches = self._micro_batches(shard, micro_batch_size, num_micro, width)
+            routes = self._micro_routes(shard, micro_batch_size, num_micro, width)
             with self._reference.holding(policy):
-                scored = self._score_batches(batches)
+                scored = self._score_batches(batches, routes)
             results: list[list[float]] = []
             if self._contributes:
                 for batch, logp in zip(batches, scored):
@@ -252,23 +288,25 @@ class MegatronBackend:
             width = self._width(samples)
             steps = optimizer_steps(samples, global_batch_size)
             num_micro = _ceil_div(_ceil_div(global_batch_size, dp), micro_batch_size)
-            local = [self._micro_batches(rank_shard(step, dp_rank, dp), micro_batch_size, num_micro, width)
-                     for step in steps]
-            prev = [self._score_batches(b) if previous_logprobs_needed(loss_fn, s, dropout_free=True) else None
-                    for s, b in enumerate(local)]  # dropout-free: hidden_dropout = attention_dropout = 0 (model.py)
+            shards = [rank_shard(step, dp_rank, dp) for step in steps]
+            local = [self._micro_batches(shard, micro_batch_size, num_micro, width) for shard in shards]
+            routes = [self._micro_routes(shard, micro_batch_size, num_micro, width) for shard in shards]
+            prev = [self._score_batches(b, routes[s]) if previous_logprobs_needed(loss_fn, s, dropout_free=True)
+                    else None for s, b in enumerate(local)]  # dropout-free: hidden_dropout = attention_dropout = 0
             ref = None
             if loss_fn.needs_reference_logprobs:
                 with self._reference.holding("reference"):
-                    ref = [self._score_batches(b) for b in local]
+                    ref = [self._score_batches(b, routes[s]) for s, b in enumerate(local)]
             per_step = [self._optimizer_step(batches, loss_fn, count_loss_tokens(step), count_loss_sequences(step),
-                                             prev[s], ref[s] if ref else None, learning_rate)
+                                             prev[s], ref[s] if ref else None, learning_rate, routes[s])
                         for s, (step, batches) in enumerate(zip(steps, local))]
         metrics = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
         metrics["num_tokens"] = float(sum(m["num_tokens"] for m in per_step))
         return StepResult(metrics, self.global_step)
 
     def _optimizer_step(self, batches: list[MicroBatch], loss_fn: LossFn, num_tokens: int, num_sequences: int,
-                        prev: list | None, ref: list | None, learning_rate: float | None) -> dict[str, float]:
+                        prev: list | None, ref: list | None, learning_rate: float | None,
+                        routes: list[torch.Tensor | None] | None = None) -> dict[str, float]:
         index = {id(b): i for i, b in enumerate(batches)}
 
         def loss_func(batch, output):
@@ -286,7 +324,9 @@ class MegatronBackend:
         self._optimizer.zero_grad()
         if self._moe_aux is not None:
             self._moe_aux.prepare(*batches[0].input_ids.shape, len(batches), self.layout.dp_size)
-        outputs = self._schedule(batches, loss_func, forward_only=False)
+        if self._replayer is not None:
+            self._replayer.take_counts()  # the scoring passes' counts are not this step's training forward's
+        outputs = self._schedule(batches, loss_func, forward_only=False, routes=routes)
         if learning_rate is not None:
             for group in self._optimizer.param_groups:
                 group["lr"] = learning_rate
@@ -299,6 +339,10 @@ class MegatronBackend:
             for out in outputs:
                 for name, value in out.items():
                     sums[name] = sums.get(name, 0.0) + float(value)
+        if self._replayer is not None:
+            replayed, changed = self._replayer.take_counts()
+            if self._replay_counts_here:  # each token's rows counted once over TP (sequence parallel: split)
+                sums.update(_replayed_rows=float(replayed), _changed_rows=float(changed))
         parts: list = [None] * self.world_size
         dist.all_gather_object(parts, sums, group=self._env.cpu_group)
         metrics: dict[str, float] = {}
@@ -306,6 +350,10 @@ class MegatronBackend:
             for name, value in part.items():
                 metrics[name] = metrics.get(name, 0.0) + value
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, num_tokens=float(num_tokens))
+        if self._replayer is not None:
+            replayed, changed = metrics.pop("_replayed_rows", 0.0), metrics.pop("_changed_rows", 0.0)
+            metrics.update(moe_router_replay_rows=replayed,
+                           moe_router_replay_disagreement=changed / replayed if replayed else 0.0)
         if self._moe_aux is not None:
             metrics.update(self._moe_aux.collect(len(batches)))
         return metrics

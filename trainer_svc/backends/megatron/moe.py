@@ -28,8 +28,9 @@ import torch
 
 from trainer_svc.backends.megatron import convert
 from trainer_svc.backends.megatron.convert import Arch, Shard, _layer_names
+from trainer_svc.config import MOE_MODEL_TYPES
 
-MOE_FAMILIES = ("qwen2_moe", "mixtral")
+MOE_FAMILIES = MOE_MODEL_TYPES
 _DENSE_MLP_TAILS = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
 _MIXTRAL_PARTS = {"gate": "w1", "up": "w3", "down": "w2"}
 

@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from protos.tandem.common.v1 import common_pb2 as tandem_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#tandem/generator/v1/generator.proto\x12\x13tandem.generator.v1\x1a\x1dtandem/common/v1/common.proto\"\x9c\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x02\x88\x01\x01\x42\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"\x1b\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x8a\x01\n\x0fGenerateRequest\x12,\n\x07prompts\x18\x01 \x03(\x0b\x32\x1b.tandem.generator.v1.Prompt\x12\x35\n\x08sampling\x18\x02 \x01(\x0b\x32#.tandem.generator.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xb5\x01\n\x10GenerateResponse\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x38\n\rfinish_reason\x18\x05 \x01(\x0e\x32!.tandem.generator.v1.FinishReason\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\"\x10\n\x0eGetInfoRequest\"\xba\x01\n\x0fGetInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x13\n\x0bnum_running\x18\x06 \x01(\x05\x12\x31\n\x08sleeping\x18\x07 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\"\xd0\x01\n\x15ReceiveWeightsRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.tandem.common.v1.WeightSyncGroup\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x31\n\x0b\x62ucket_plan\x18\x04 \x01(\x0b\x32\x1c.tandem.common.v1.BucketPlan\x12\x19\n\x11shared_memory_dir\x18\x05 \x01(\t\x12\x18\n\x10\x63uda_ipc_buckets\x18\x06 \x03(\x0c\"E\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\"\x1d\n\x0cSleepRequest\x12\r\n\x05level\x18\x01 \x01(\x05\"B\n\rSleepResponse\x12\x31\n\x08sleeping\x18\x01 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\"@\n\rWakeUpRequest\x12/\n\x06memory\x18\x01 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\"C\n\x0eWakeUpResponse\x12\x31\n\x08sleeping\x18\x01 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\":\n\x0eScoredSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rprompt_length\x18\x02 \x01(\x05\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"o\n\x12ScoreTokensRequest\x12\x36\n\tsequences\x18\x01 \x03(\x0b\x32#.tandem.generator.v1.ScoredSequence\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"Q\n\x0eSequenceScores\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\x12-\n\x03top\x18\x02 \x03(\x0b\x32 .tandem.generator.v1.TopLogprobs\"b\n\x13ScoreTokensResponse\x12\x33\n\x06scores\x18\x01 \x03(\x0b\x32#.tandem.generator.v1.SequenceScores\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03*\\\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMORY_KIND_WEIGHTS\x10\x01\x12\x18\n\x14MEMORY_KIND_KV_CACHE\x10\x02*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xb3\x04\n\x10GeneratorService\x12T\n\x07GetInfo\x12#.tandem.generator.v1.GetInfoRequest\x1a$.tandem.generator.v1.GetInfoResponse\x12Y\n\x08Generate\x12$.tandem.generator.v1.GenerateRequest\x1a%.tandem.generator.v1.GenerateResponse0\x01\x12i\n\x0eReceiveWeights\x12*.tandem.generator.v1.ReceiveWeightsRequest\x1a+.tandem.generator.v1.ReceiveWeightsResponse\x12N\n\x05Sleep\x12!.tandem.generator.v1.SleepRequest\x1a\".tandem.generator.v1.SleepResponse\x12Q\n\x06WakeUp\x12\".tandem.generator.v1.WakeUpRequest\x1a#.tandem.generator.v1.WakeUpResponse\x12`\n\x0bScoreTokens\x12\'.tandem.generator.v1.ScoreTokensRequest\x1a(.tandem.generator.v1.ScoreTokensResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#tandem/generator/v1/generator.proto\x12\x13tandem.generator.v1\x1a\x1dtandem/common/v1/common.proto\"\x9c\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x02\x88\x01\x01\x42\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"\x1b\n\x06Prompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x8a\x01\n\x0fGenerateRequest\x12,\n\x07prompts\x18\x01 \x03(\x0b\x32\x1b.tandem.generator.v1.Prompt\x12\x35\n\x08sampling\x18\x02 \x01(\x0b\x32#.tandem.generator.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xcd\x01\n\x10GenerateResponse\x12\x14\n\x0cprompt_index\x18\x01 \x01(\x05\x12\x14\n\x0csample_index\x18\x02 \x01(\x05\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x38\n\rfinish_reason\x18\x05 \x01(\x0e\x32!.tandem.generator.v1.FinishReason\x12\x16\n\x0eweight_version\x18\x06 \x01(\x03\x12\x16\n\x0erouted_experts\x18\x07 \x03(\x05\"\x10\n\x0eGetInfoRequest\"\xba\x01\n\x0fGetInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\x05\x12\x13\n\x0bnum_running\x18\x06 \x01(\x05\x12\x31\n\x08sleeping\x18\x07 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\"\xd0\x01\n\x15ReceiveWeightsRequest\x12\x30\n\x05group\x18\x01 \x01(\x0b\x32!.tandem.common.v1.WeightSyncGroup\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x31\n\x0b\x62ucket_plan\x18\x04 \x01(\x0b\x32\x1c.tandem.common.v1.BucketPlan\x12\x19\n\x11shared_memory_dir\x18\x05 \x01(\t\x12\x18\n\x10\x63uda_ipc_buckets\x18\x06 \x03(\x0c\"E\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x03\"\x1d\n\x0cSleepRequest\x12\r\n\x05level\x18\x01 \x01(\x05\"B\n\rSleepResponse\x12\x31\n\x08sleeping\x18\x01 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\"@\n\rWakeUpRequest\x12/\n\x06memory\x18\x01 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\"C\n\x0eWakeUpResponse\x12\x31\n\x08sleeping\x18\x01 \x03(\x0e\x32\x1f.tandem.generator.v1.MemoryKind\":\n\x0eScoredSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rprompt_length\x18\x02 \x01(\x05\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"o\n\x12ScoreTokensRequest\x12\x36\n\tsequences\x18\x01 \x03(\x0b\x32#.tandem.generator.v1.ScoredSequence\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"Q\n\x0eSequenceScores\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\x12-\n\x03top\x18\x02 \x03(\x0b\x32 .tandem.generator.v1.TopLogprobs\"b\n\x13ScoreTokensResponse\x12\x33\n\x06scores\x18\x01 \x03(\x0b\x32#.tandem.generator.v1.SequenceScores\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03*\\\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMORY_KIND_WEIGHTS\x10\x01\x12\x18\n\x14MEMORY_KIND_KV_CACHE\x10\x02*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xb3\x04\n\x10GeneratorService\x12T\n\x07GetInfo\x12#.tandem.generator.v1.GetInfoRequest\x1a$.tandem.generator.v1.GetInfoResponse\x12Y\n\x08Generate\x12$.tandem.generator.v1.GenerateRequest\x1a%.tandem.generator.v1.GenerateResponse0\x01\x12i\n\x0eReceiveWeights\x12*.tandem.generator.v1.ReceiveWeightsRequest\x1a+.tandem.generator.v1.ReceiveWeightsResponse\x12N\n\x05Sleep\x12!.tandem.generator.v1.SleepRequest\x1a\".tandem.generator.v1.SleepResponse\x12Q\n\x06WakeUp\x12\".tandem.generator.v1.WakeUpRequest\x1a#.tandem.generator.v1.WakeUpResponse\x12`\n\x0bScoreTokens\x12\'.tandem.generator.v1.ScoreTokensRequest\x1a(.tandem.generator.v1.ScoreTokensResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.generator.v1.generator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMORYKIND']._serialized_start=1735
-  _globals['_MEMORYKIND']._serialized_end=1827
-  _globals['_FINISHREASON']._serialized_start=1829
-  _globals['_FINISHREASON']._serialized_end=1949
+  _globals['_MEMORYKIND']._serialized_start=1759
+  _globals['_MEMORYKIND']._serialized_end=1851
+  _globals['_FINISHREASON']._serialized_start=1853
+  _globals['_FINISHREASON']._serialized_end=1973
   _globals['_SAMPLINGPARAMS']._serialized_start=92
   _globals['_SAMPLINGPARAMS']._serialized_end=248
   _globals['_PROMPT']._serialized_start=250
@@ -43,33 +43,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=280
   _globals['_GENERATEREQUEST']._serialized_end=418
   _globals['_GENERATERESPONSE']._serialized_start=421
-  _globals['_GENERATERESPONSE']._serialized_end=602
-  _globals['_GETINFOREQUEST']._serialized_start=604
-  _globals['_GETINFOREQUEST']._serialized_end=620
-  _globals['_GETINFORESPONSE']._serialized_start=623
-  _globals['_GETINFORESPONSE']._serialized_end=809
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=812
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1020
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=1022
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=1091
-  _globals['_SLEEPREQUEST']._serialized_start=1093
-  _globals['_SLEEPREQUEST']._serialized_end=1122
-  _globals['_SLEEPRESPONSE']._serialized_start=1124
-  _globals['_SLEEPRESPONSE']._serialized_end=1190
-  _globals['_WAKEUPREQUEST']._serialized_start=1192
-  _globals['_WAKEUPREQUEST']._serialized_end=1256
-  _globals['_WAKEUPRESPONSE']._serialized_start=1258
-  _globals['_WAKEUPRESPONSE']._serialized_end=1325
-  _globals['_SCOREDSEQUENCE']._serialized_start=1327
-  _globals['_SCOREDSEQUENCE']._serialized_end=1385
-  _globals['_TOPLOGPROBS']._serialized_start=1387
-  _globals['_TOPLOGPROBS']._serialized_end=1437
-  _globals['_SCORETOKENSREQUEST']._serialized_start=1439
-  _globals['_SCORETOKENSREQUEST']._serialized_end=1550
-  _globals['_SEQUENCESCORES']._serialized_start=1552
-  _globals['_SEQUENCESCORES']._serialized_end=1633
-  _globals['_SCORETOKENSRESPONSE']._serialized_start=1635
-  _globals['_SCORETOKENSRESPONSE']._serialized_end=1733
-  _globals['_GENERATORSERVICE']._serialized_start=1952
-  _globals['_GENERATORSERVICE']._serialized_end=2515
+  _globals['_GENERATERESPONSE']._serialized_end=626
+  _globals['_GETINFOREQUEST']._serialized_start=628
+  _globals['_GETINFOREQUEST']._serialized_end=644
+  _globals['_GETINFORESPONSE']._serialized_start=647
+  _globals['_GETINFORESPONSE']._serialized_end=833
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=836
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1044
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=1046
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=1115
+  _globals['_SLEEPREQUEST']._serialized_start=1117
+  _globals['_SLEEPREQUEST']._serialized_end=1146
+  _globals['_SLEEPRESPONSE']._serialized_start=1148
+  _globals['_SLEEPRESPONSE']._serialized_end=1214
+  _globals['_WAKEUPREQUEST']._serialized_start=1216
+  _globals['_WAKEUPREQUEST']._serialized_end=1280
+  _globals['_WAKEUPRESPONSE']._serialized_start=1282
+  _globals['_WAKEUPRESPONSE']._serialized_end=1349
+  _globals['_SCOREDSEQUENCE']._serialized_start=1351
+  _globals['_SCOREDSEQUENCE']._serialized_end=1409
+  _globals['_TOPLOGPROBS']._serialized_start=1411
+  _globals['_TOPLOGPROBS']._serialized_end=1461
+  _globals['_SCORETOKENSREQUEST']._serialized_start=1463
+  _globals['_SCORETOKENSREQUEST']._serialized_end=1574
+  _globals['_SEQUENCESCORES']._serialized_start=1576
+  _globals['_SEQUENCESCORES']._serialized_end=1657
+  _globals['_SCORETOKENSRESPONSE']._serialized_start=1659
+  _globals['_SCORETOKENSRESPONSE']._serialized_end=1757
+  _globals['_GENERATORSERVICE']._serialized_start=1976
+  _globals['_GENERATORSERVICE']._serialized_end=2539
 # @@protoc_insertion_point(module_scope)

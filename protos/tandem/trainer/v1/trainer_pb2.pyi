@@ -49,7 +49,7 @@ TRUNCATED_IMPORTANCE_SAMPLING_TYPE_ICEPOP: TruncatedImportanceSamplingType
 TRUNCATED_IMPORTANCE_SAMPLING_TYPE_SEQ_MASK_TIS: TruncatedImportanceSamplingType
 
 class Sample(_message.Message):
-    __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage", "teacher_logprobs", "token_advantages", "returns", "values")
+    __slots__ = ("token_ids", "prompt_length", "loss_mask", "generation_logprobs", "advantage", "teacher_logprobs", "token_advantages", "returns", "values", "routed_experts")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class Sample(_message.Message):
     TOKEN_ADVANTAGES_FIELD_NUMBER: _ClassVar[int]
     RETURNS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_length: int
     loss_mask: _containers.RepeatedScalarFieldContainer[float]
@@ -68,7 +69,8 @@ class Sample(_message.Message):
     token_advantages: _containers.RepeatedScalarFieldContainer[float]
     returns: _containers.RepeatedScalarFieldContainer[float]
     values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ..., token_advantages: _Optional[_Iterable[float]] = ..., returns: _Optional[_Iterable[float]] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+    routed_experts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., loss_mask: _Optional[_Iterable[float]] = ..., generation_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ..., token_advantages: _Optional[_Iterable[float]] = ..., returns: _Optional[_Iterable[float]] = ..., values: _Optional[_Iterable[float]] = ..., routed_experts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GrpoLoss(_message.Message):
     __slots__ = ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty", "use_importance_sampling_correction", "ratio_clip_c", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value", "use_on_policy_kl_approximation", "sequence_level_importance_ratios", "truncated_importance_sampling_ratio", "truncated_importance_sampling_type", "truncated_importance_sampling_ratio_min", "disable_ppo_ratio", "force_on_policy_ratio", "token_level_loss")
