@@ -1,11 +1,14 @@
-"""A small disk for benchmarks/chaos.py's DISK_FULL fault: a tmpfs of a few MB that only the run
-sees, and a way to fill it (a full disk during whatever the run writes there: its checkpoints).
+"""The namespaces benchmarks/chaos.py runs a `tandem run` in, for the faults that need the run's
+world to be the nemesis's: a small disk (DISK_FULL) and a network of its own (PARTITION).
 
-No root is needed: `unshare -rm` makes a user namespace (the caller mapped to root inside it)
-with a mount namespace of its own, where a sleeping holder process mounts the tmpfs and keeps the
-namespace alive. Every launch of the run enters it (`prefix`: nsenter), so a coordinator run
-again after a kill sees the same disk; processes outside it see an empty directory. The nemesis
-fills the disk through the holder's view of it (/proc/<holder>/root) and empties it again.
+No root is needed: `unshare -r` makes a user namespace (the caller mapped to root inside it) and,
+as asked, a mount namespace where a tmpfs of a few MB is mounted (`disk_mb`), and a network
+namespace with its own loopback (`network`). A sleeping holder process keeps them alive; every
+launch of the run enters them (`prefix`: nsenter), so a coordinator run again after a kill sees
+the same disk and the same network; processes outside see an empty directory and their own
+loopback. The nemesis fills the disk through the holder's view of it (/proc/<holder>/root) and
+empties it again; it changes the network's packet filter from inside (`inside`: iptables as the
+namespace's root, benchmarks/chaos_net.py).
 """
 
 from __future__ import annotations
@@ -20,36 +23,63 @@ from pathlib import Path
 FILLER = ".chaos-filler"
 
 
-class DiskUnavailable(RuntimeError):
-    """No user and mount namespace here (unshare -rm failed): the full-disk fault cannot run."""
+class SandboxUnavailable(RuntimeError):
+    """No user, mount or network namespace here (unshare -r failed), or a tool it needs is
+    missing: the faults that need it (disk_full, partition) cannot run."""
 
 
-class SmallDisk:
-    def __init__(self, path: Path, size_mb: int):
-        self.path, self.size_mb = path.resolve(), size_mb
+DiskUnavailable = SandboxUnavailable
+
+
+class Sandbox:
+    def __init__(self, path: Path, disk_mb: int | None = None, *, network: bool = False):
+        """path: where the disk is mounted (disk_mb), and the holder's scratch."""
+        self.path, self.disk_mb, self.network = path.resolve(), disk_mb, network
         self._holder: subprocess.Popen | None = None
 
     def start(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        script = f'mount -t tmpfs -o size={self.size_mb}m tandem-chaos "$0" && echo ready && exec sleep 86400'
+        steps = []
+        if self.network:
+            steps.append("ip link set lo up")
+        if self.disk_mb:
+            steps.append(f'mount -t tmpfs -o size={self.disk_mb}m tandem-chaos "$0"')
+        script = " && ".join([*steps, "echo ready", "exec sleep 86400"])
+        flags = ["-r", *(["-m", "--propagation", "private"] if self.disk_mb else []), *(["-n"] if self.network else [])]
         try:
-            self._holder = subprocess.Popen(["unshare", "-rm", "--propagation", "private", "sh", "-c", script,
-                                             str(self.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+            self._holder = subprocess.Popen(["unshare", *flags, "sh", "-c", script, str(self.path)],
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, text=True)
         except FileNotFoundError as exc:
-            raise DiskUnavailable("disk_full needs util-linux's unshare and nsenter") from exc
+            raise SandboxUnavailable("the chaos sandbox needs util-linux's unshare and nsenter") from exc
         if self._holder.stdout.readline().strip() != "ready":
             error = self._holder.stderr.read().strip() if self._holder.wait(timeout=10) is not None else "?"
-            raise DiskUnavailable(f"disk_full needs an unprivileged user and mount namespace (unshare -rm): {error}")
+            raise SandboxUnavailable(f"no unprivileged user namespace with{' a mount' if self.disk_mb else ''}"
+                                     f"{' a network' if self.network else ''} namespace here (unshare "
+                                     f"{' '.join(flags)}): {error}")
 
     @property
     def pid(self) -> int:
         return self._holder.pid
 
+    def _namespaces(self) -> list[str]:
+        return ["-U", *(["-m"] if self.disk_mb else []), *(["-n"] if self.network else [])]
+
     def prefix(self, cwd: Path) -> list[str]:
-        """What a command is run under to see the disk, in directory `cwd` (nsenter would move it
-        to the holder's)."""
-        return ["nsenter", "-t", str(self.pid), "-U", "-m", "--preserve-credentials", f"--wd={cwd.resolve()}", "--"]
+        """What a command is run under to be in the sandbox, in directory `cwd` (nsenter would move
+        it to the holder's)."""
+        return ["nsenter", "-t", str(self.pid), *self._namespaces(), "--preserve-credentials",
+                f"--wd={cwd.resolve()}", "--"]
+
+    def inside(self, argv: list[str], stdin: str = "") -> None:
+        """Run a command in the sandbox as its root (e.g. iptables in its network); RuntimeError
+        with its output if it fails."""
+        done = subprocess.run(["nsenter", "-t", str(self.pid), *self._namespaces(), "--", *argv], input=stdin,
+                              capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} in the chaos sandbox failed: {done.stderr.strip() or done.stdout}")
+
+    # --- the small disk (disk_mb) -------------------------------------------------------------
 
     def view(self, relative: str = "") -> Path:
         """The disk's directory `relative` as this process reaches it (through the holder)."""
@@ -91,11 +121,11 @@ class SmallDisk:
 
 
 def disk_available(scratch: Path) -> str | None:
-    """None if a SmallDisk can be made here (under `scratch`), else why not."""
-    disk = SmallDisk(scratch / "probe-disk", 1)
+    """None if a Sandbox with a small disk can be made here (under `scratch`), else why not."""
+    disk = Sandbox(scratch / "probe-disk", 1)
     try:
         disk.start()
-    except DiskUnavailable as exc:
+    except SandboxUnavailable as exc:
         return str(exc)
     finally:
         disk.close()
