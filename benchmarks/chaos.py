@@ -25,12 +25,16 @@ wherever the run is (a rollout, a publish, a checkpoint). Kinds (`FaultKind`):
   weight-sync collective);
 - a slow generator (SLOW_GENERATOR): for hang_s seconds the generator's process group runs
   SLOW_RUN_S out of every SLOW_STOP_S + SLOW_RUN_S (SIGSTOP/SIGCONT), so it works at about a
-  quarter of its speed; it must not be declared dead (replaced) for it, and the run must go on.
+  quarter of its speed; it must not be declared dead (replaced) for it, and the run must go on
+  (the supervisor tells it from a hang by its context switches: coordinator/launch/supervisor.py).
 
 The services' pids come from where the fault tests read them (tests/integration/run_files.py):
 <run>/services.json, torchrun's children by their RANK. Every fault goes to <work>/faults.jsonl
 with its moment, the step the run had logged, and how long the run took to recover (to log two
-GRPO steps past the last one logged before the fault: RECOVERED_AFTER).
+GRPO steps past the last one logged before the fault: RECOVERED_AFTER). A hang the run detects
+(stopped past cluster.stopped_kill_s) also records when the run killed the stopped process
+(detected_s) and when its replacement registered (replaced_s), both from the SIGSTOP: the bound
+on detection is stopped_kill_s plus up to two of the supervisor's looks (one a second).
 
 The checker (`check`): the per-step training figures (loss, rewards, grad norm, KL, ...) and the
 exported final weights equal the fault-free run's (fp32 over gloo; exact, because every
@@ -42,6 +46,8 @@ the checkpoint directory holds every checkpoint it claims (`latest` and the last
 checkpointing.keep_top_k saves logged, each complete). An asynchronous run (`--async`,
 `check_async`) has no fault-free twin: its ledger must account for every sample (none trained
 twice, none lost, every step a full batch within the age bound), with the same last two checks.
+Both hold the faults to their kinds' expectations (chaos_check.fault_problems): every one
+recovered from, and no slow generator declared dead.
 
 Figures go to <out>/chaos-<seed>.json and a line to stdout: faults survived (per hour of run),
 time to recover per kind (median, max), the verdict.
@@ -387,7 +393,7 @@ def main() -> int:
     if args.asynchronous:  # compared with no run: what it trained is timing-dependent (see check_async)
         ref_wall = 0.0
     elif (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
-        ref_wall = json.loads((ref_dir / "summary.json").read_text()).get("wall_s", 0.0)
+        ref_wall = json.loads((ref_dir / "summary.json").read_text()).get("wall_time_s", 0.0)  # the run's own
         print(f"fault-free run: reusing {ref_dir}", flush=True)
     else:
         ref = reference(work / "reference", args.steps, args.seed)

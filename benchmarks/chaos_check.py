@@ -368,10 +368,16 @@ def figures(outcome, verdict: Verdict, seed: int, steps: int, rate: float) -> di
         "kinds": len(by_kind), "faults_per_hour": round(survived / outcome.wall_s * 3600, 1),
         "recover_s": {k: {"n": len(v), "median": round(statistics.median(v), 2), "max": max(v)}
                       for k, v in sorted(by_kind.items())},
+        "stopped_detected_s": _spread([f.detected_s for f in outcome.faults if f.detected_s is not None]),
+        "stopped_replaced_s": _spread([f.replaced_s for f in outcome.faults if f.replaced_s is not None]),
         "skipped": outcome.skipped, "verdict": verdict.text, "left_running": verdict.left_running,
         "max_metric_diff": verdict.max_metric_diff, "max_weight_diff": verdict.max_weight_diff,
         "faults": [asdict(f) for f in outcome.faults],
     }
+
+
+def _spread(values: list[float]) -> dict:
+    return {"n": len(values), "median": round(statistics.median(values), 2), "max": max(values)} if values else {"n": 0}
 
 
 def markdown(result: dict) -> str:
@@ -396,5 +402,18 @@ def markdown(result: dict) -> str:
             f"of the same command; {replaced} hangs outlasted cluster.stopped_kill_s and were replaced). "
             f"{compared}\n\n"
             "Time to recover (s): from the fault to the run logging the second GRPO step past the last one logged "
-            "before it (so about one step's time is included); hangs include the time stopped.\n\n"
-            f"| fault | n | median | max |\n| --- | --- | --- | --- |\n{rows}\n")
+            "before it (so about one step's time is included); hangs include the time stopped, partitions and slow "
+            "generators the time they lasted.\n\n"
+            f"| fault | n | median | max |\n| --- | --- | --- | --- |\n{rows}\n{_detection(result)}")
+
+
+def _detection(result: dict) -> str:
+    """How soon the run found a stopped service and had it back, over the hangs it replaced."""
+    found, back = result.get("stopped_detected_s", {"n": 0}), result.get("stopped_replaced_s", {"n": 0})
+    if not found["n"]:
+        return ""
+    line = (f"\nStopped services the run detected and killed (hangs past cluster.stopped_kill_s): {found['n']}, "
+            f"killed {found['median']} s (median), {found['max']} s (max) after the SIGSTOP")
+    if back["n"]:
+        line += f"; their replacements registered {back['median']} s (median), {back['max']} s (max) after it"
+    return line + ".\n"
