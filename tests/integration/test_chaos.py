@@ -17,7 +17,7 @@ holds every checkpoint it claims. Prints every fault with its time to recover (p
 An asynchronous run (rollouts one step ahead) has no fault-free twin: which weights sample a
 batch depends on timing. One short async run takes five faults of five kinds (a generator
 killed, the reward service stopped, a trainer rank killed, the coordinator killed and run
-again, the checkpoint disk full for a few steps: a small tmpfs, benchmarks/chaos_disk.py, left
+again, the checkpoint disk full for a few steps: a small tmpfs, benchmarks/chaos_sandbox.py, left
 out where this machine cannot make one without root), and its verdict must be "nothing lost,
 nothing twice": its ledger (<run>/ledger.jsonl, coordinator/loop/ledger.py) accounts for every
 sample drawn across the restarts, each step a full batch within the age bound, nothing left
