@@ -327,7 +327,9 @@ class Nemesis:
             f.write(json.dumps(asdict(injected)) + "\n")
         self._log(f"[{injected.at_s:7.1f}s] {injected.kind:17s} after step {injected.step:3d} pid {injected.pid}"
                   f"{f' for {injected.hang_s:.1f}s' if injected.hang_s else ''}: recovered in "
-                  f"{injected.recovered_s}s {injected.note}")
+                  f"{injected.recovered_s}s {injected.note}"
+                  + (f" (killed {injected.detected_s}s after the SIGSTOP, replacement registered at "
+                     f"{injected.replaced_s}s)" if injected.detected_s is not None else ""))
 
     def _target(self, fault: Fault) -> tuple[int | None, str]:
         pids = services(self.run_dir)
