@@ -171,12 +171,16 @@ class Registry:
 
     def remove(self, member_id: str, reason: str, *, may_return: bool = True) -> None:
         """Drop a member the run loop found dead (e.g. its RPCs fail). may_return: its process may
-        still be alive, so a heartbeat from it brings it back under its id (False: it was killed)."""
+        still be alive, so a heartbeat from it brings it back under its id (False: it was killed;
+        then a suspected member is forgotten too: a heartbeat it sent before its death may still
+        arrive, e.g. held back by a partition, and must not bring a dead process back)."""
         with self._lock:
             member = self._members.pop(member_id, None)
             self._busy.pop(member_id, None)
             if member is not None and may_return:
                 self._suspect(member, time.monotonic())
+            if not may_return:
+                self._suspected.pop(member_id, None)
             self._changed.notify_all()
         if member is not None:
             self._log.warning("member_lost", member_id=member_id, kind=member.kind, address=member.address,
@@ -188,6 +192,11 @@ class Registry:
         self._suspected[member.member_id] = (member, now)
         while len(self._suspected) > MAX_SUSPECTED:
             del self._suspected[next(iter(self._suspected))]
+
+    def suspected(self) -> list[Member]:
+        """Members dropped unheard whose next heartbeat would bring them back (oldest first)."""
+        with self._lock:
+            return [member for member, _ in self._suspected.values()]
 
     def live(self, kind: ServiceKind | None = None) -> list[Member]:
         """Members that may get new work (not leaving), sorted by member id."""
