@@ -130,14 +130,16 @@ class Registry:
 
     def heartbeat(self, member_id: str, num_inflight: int, weight_version: int) -> bool:
         """Whether the member is known (False: it must register again). A suspected member's
-        heartbeat brings it back under its id."""
+        heartbeat brings it back under its id, unless (given vitals) its process is gone: a
+        heartbeat sent before its death and delivered late (held back by a partition, retransmitted
+        by its kernel after the kill) must not bring a dead service back."""
         now = time.monotonic()
         with self._lock:
             member = self._members.get(member_id)
             back = None
             if member is None:
                 member, dropped_at = self._suspected.pop(member_id, (None, now))
-                if member is None:
+                if member is None or self._gone(member):
                     return False
                 back = now - dropped_at
             self._members[member_id] = replace(member, num_inflight=num_inflight, weight_version=weight_version,
@@ -224,6 +226,13 @@ class Registry:
             self._log.warning("member_lost", member_id=member.member_id, kind=member.kind, address=member.address,
                               reason=f"no heartbeat for {now - member.last_seen:.0f}s", leaving=member.leaving)
         return sorted(alive, key=lambda m: m.member_id)
+
+    def _gone(self, member: Member) -> bool:
+        """(Under the lock) whether the member's process is known to have exited (given vitals)."""
+        if self._vitals is None or member.pid <= 0:
+            return False
+        vitals = self._vitals(member.pid)
+        return vitals is None or vitals.state in "ZX"
 
     def _working(self, member: Member, now: float) -> bool:
         """(Under the lock) whether a member silent past timeout_s is busy rather than gone: its

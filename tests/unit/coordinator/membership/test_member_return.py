@@ -154,3 +154,15 @@ def test_a_relaunched_trainer_s_old_member_dropped_before_the_relaunch_never_com
     cluster.restart_trainer()
     assert [m.address for m in registry.live()] == ["127.0.0.1:2"]
     assert forgotten == [old]
+
+
+def test_a_late_heartbeat_of_a_process_that_is_gone_does_not_bring_its_member_back():
+    """A suspected member's heartbeat that arrives after its process died (sent before, held back
+    by a partition: benchmarks/chaos.py's partition) is not the member coming back."""
+    process = FakeProcess()
+    registry, events, member_id = _silent_member(process)
+    process.state = "T"  # stopped, so not busy: dropped at timeout_s
+    assert registry.live() == [] and events.names[-1] == "member_lost"
+    process.exists = False  # then killed; its last heartbeat arrives now
+    assert not registry.heartbeat(member_id, 0, 0) and registry.live() == []
+    assert "member_back" not in events.names
