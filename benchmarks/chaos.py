@@ -16,13 +16,25 @@ wherever the run is (a rollout, a publish, a checkpoint). Kinds (`FaultKind`):
   resumes by itself and adopts the services that outlived it);
 - SIGSTOP, then SIGCONT after hang_s, of the same processes (a hang, not a death);
 - a full disk (DISK_FULL, with `--disk-mb`): the run's checkpoints go to a small tmpfs that only
-  the run sees (benchmarks/chaos_disk.py: a user and mount namespace, no root needed), which the
-  nemesis fills to the last byte for hang_s seconds, so the checkpoints written meanwhile fail.
+  the run sees (benchmarks/chaos_sandbox.py: a user and mount namespace, no root needed), which the
+  nemesis fills to the last byte for hang_s seconds, so the checkpoints written meanwhile fail;
+- a network partition of one service (PARTITION: the generator, the reward service or the
+  trainer, drawn from the seed) for hang_s seconds: the run lives in a network namespace of its
+  own, where every packet between that service and the rest of the run is dropped silently
+  (benchmarks/chaos_net.py says how, and which traffic that cuts: gRPC both ways and the
+  weight-sync collective);
+- a slow generator (SLOW_GENERATOR): for hang_s seconds the generator's process group runs
+  SLOW_RUN_S out of every SLOW_STOP_S + SLOW_RUN_S (SIGSTOP/SIGCONT), so it works at about a
+  quarter of its speed; it must not be declared dead (replaced) for it, and the run must go on
+  (the supervisor tells it from a hang by its context switches: coordinator/launch/supervisor.py).
 
 The services' pids come from where the fault tests read them (tests/integration/run_files.py):
 <run>/services.json, torchrun's children by their RANK. Every fault goes to <work>/faults.jsonl
 with its moment, the step the run had logged, and how long the run took to recover (to log two
-GRPO steps past the last one logged before the fault: RECOVERED_AFTER).
+GRPO steps past the last one logged before the fault: RECOVERED_AFTER). A hang the run detects
+(stopped past cluster.stopped_kill_s) also records when the run killed the stopped process
+(detected_s) and when its replacement registered (replaced_s), both from the SIGSTOP: the bound
+on detection is stopped_kill_s plus up to two of the supervisor's looks (one a second).
 
 The checker (`check`): the per-step training figures (loss, rewards, grad norm, KL, ...) and the
 exported final weights equal the fault-free run's (fp32 over gloo; exact, because every
@@ -34,6 +46,8 @@ the checkpoint directory holds every checkpoint it claims (`latest` and the last
 checkpointing.keep_top_k saves logged, each complete). An asynchronous run (`--async`,
 `check_async`) has no fault-free twin: its ledger must account for every sample (none trained
 twice, none lost, every step a full batch within the age bound), with the same last two checks.
+Both hold the faults to their kinds' expectations (chaos_check.fault_problems): every one
+recovered from, and no slow generator declared dead.
 
 Figures go to <out>/chaos-<seed>.json and a line to stdout: faults survived (per hour of run),
 time to recover per kind (median, max), the verdict.
@@ -42,10 +56,8 @@ time to recover per kind (median, max), the verdict.
 from __future__ import annotations
 
 import argparse
-import enum
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -70,7 +82,19 @@ from benchmarks.chaos_check import (
     stop_everything,
     torchrun_rank,
 )
-from benchmarks.chaos_disk import SmallDisk
+from benchmarks.chaos_faults import (
+    SERVICE_OF,
+    SLOW_RUN_S,
+    SLOW_STOP_S,
+    Fault,
+    FaultKind,
+    hold_stopped,
+    replaced,
+    schedule,
+    slow_down,
+)
+from benchmarks.chaos_net import Partition, network_available
+from benchmarks.chaos_sandbox import Sandbox
 from benchmarks.portable_args import without_paths
 
 RUN_NAME = "chaos"
@@ -80,59 +104,6 @@ before it: the step in flight when it landed (its rollout may have been done alr
 that began after it. So a recovery time includes about one step's time. A killed generator or
 reward service must also have registered again (async GRPO logs steps from batches sampled
 before the kill, which charged the relaunch to the next fault)."""
-
-
-class FaultKind(enum.Enum):
-    GENERATOR_KILL = "generator_kill"
-    GENERATOR_HANG = "generator_hang"
-    REWARD_KILL = "reward_kill"
-    REWARD_HANG = "reward_hang"
-    RANK_KILL = "rank_kill"
-    RANK_HANG = "rank_hang"
-    AGENT_KILL = "agent_kill"
-    AGENT_HANG = "agent_hang"
-    COORDINATOR_KILL = "coordinator_kill"
-    COORDINATOR_HANG = "coordinator_hang"
-    DISK_FULL = "disk_full"
-
-    @property
-    def hang(self) -> bool:
-        return self.value.endswith("_hang")
-
-    @property
-    def lasts(self) -> bool:
-        """A fault with a duration (hang_s): a hang, or a full disk."""
-        return self.hang or self is FaultKind.DISK_FULL
-
-
-SIGNALLED = [k for k in FaultKind if k is not FaultKind.DISK_FULL]
-"""The kinds that signal a process (the full disk needs a run on a small filesystem: `Nemesis(disk_mb=...)`)."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: FaultKind
-    delay_s: float
-    """After the run recovered from the previous fault (the first: after GRPO step 1)."""
-    hang_s: float = 0.0
-    """SIGSTOP -> SIGCONT (hangs), or how long the disk stays full (DISK_FULL)."""
-    rank: int = 0
-    """The trainer rank (rank faults only)."""
-    startup: bool = False
-    """Fired delay_s after the run was launched, while it starts (before GRPO step 1)."""
-
-
-def schedule(seed: int, count: int, rate_per_min: float, kinds: list[FaultKind], *, max_hang_s: float = 8.0,
-             ranks: int = 2) -> list[Fault]:
-    """`count` faults drawn from `seed`: every kind once in a shuffled order first (so a short run
-    covers them all), then kinds at random; delays exponential with mean 60/rate_per_min s."""
-    rng = random.Random(seed)
-    order = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(max(0, count - len(kinds)))]
-    faults = []
-    for kind in order[:count]:
-        faults.append(Fault(kind, round(rng.expovariate(rate_per_min / 60.0), 2),
-                            round(rng.uniform(1.0, max_hang_s), 2) if kind.lasts else 0.0, rng.randrange(ranks)))
-    return faults
 
 
 ASYNC_ARGS = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1"]
@@ -168,6 +139,11 @@ class Injected:
     recovered_s: float | None = None
     """Fault -> the run logged step `step` + RECOVERED_AFTER (or finished)."""
     note: str = ""
+    detected_s: float | None = None
+    """A hang: SIGSTOP -> the run killed the stopped process (None: it did not, the hang ended first)."""
+    replaced_s: float | None = None
+    """A hang the run detected: SIGSTOP -> its replacement registered (services.json's new pid, a
+    member_joined in coordinator.log)."""
 
 
 @dataclass
@@ -190,13 +166,15 @@ class Nemesis:
                  timeout_s: float = 1800.0, recover_timeout_s: float = 300.0, log=print, overrides=(),
                  disk_mb: int | None = None):
         """overrides: more `tandem run` arguments (e.g. cluster.stopped_kill_s=5). disk_mb: the
-        checkpoints go to a tmpfs of this size that only the run sees (benchmarks/chaos_disk.py),
-        which DISK_FULL faults fill."""
+        checkpoints go to a tmpfs of this size that only the run sees (benchmarks/chaos_sandbox.py),
+        which DISK_FULL faults fill. With PARTITION faults the run gets a network of its own."""
         self.work, self.steps, self.seed, self.faults = work, steps, seed, faults
         self.run_dir, self.home = work / "runs" / run_name, work / "home"
-        self.disk = SmallDisk(work / "disk", disk_mb) if disk_mb else None
-        if self.disk is None and any(f.kind is FaultKind.DISK_FULL for f in faults):
+        if not disk_mb and any(f.kind is FaultKind.DISK_FULL for f in faults):
             raise ValueError("disk_full faults need a small disk: Nemesis(disk_mb=...)")
+        network = any(f.kind is FaultKind.PARTITION for f in faults)
+        self.sandbox = Sandbox(work / "disk", disk_mb, network=network) if disk_mb or network else None
+        self.disk = self.sandbox if disk_mb else None
         disk_args = [f"checkpointing.checkpoint_dir={self.disk.path / 'checkpoints'}"] if self.disk else []
         self.args = [*run_args(steps, seed, run_name), *disk_args, *overrides]
         self.timeout_s, self.recover_timeout_s, self._log = timeout_s, recover_timeout_s, log
@@ -211,7 +189,7 @@ class Nemesis:
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # this checkout
         env.pop("TANDEM_TOKEN", None)
         with open(self.work / f"console-{self.launches}.txt", "w") as out:
-            prefix = self.disk.prefix(self.work) if self.disk else []  # the run sees the small disk
+            prefix = self.sandbox.prefix(self.work) if self.sandbox else []  # the run sees its disk, its network
             self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "coordinator.cli.main", *self.args], cwd=self.work,
                                          env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -235,8 +213,8 @@ class Nemesis:
     def run(self) -> Outcome:
         self.work.mkdir(parents=True, exist_ok=True)
         self._fault_log.write_text("")
-        if self.disk:
-            self.disk.start()
+        if self.sandbox:
+            self.sandbox.start()
         self._started = time.monotonic()
         self._launch()
         outcome = Outcome(self.run_dir, self.home, -1, 0, 0.0)
@@ -260,7 +238,8 @@ class Nemesis:
                 outcome.checkpoints = self.work / "checkpoints-at-end"
                 self.disk.free()
                 self.disk.copy_out("checkpoints", outcome.checkpoints)
-                self.disk.close()
+            if self.sandbox:
+                self.sandbox.close()
         return outcome
 
     def _fire(self, fault: Fault, outcome: Outcome) -> bool:
@@ -285,12 +264,23 @@ class Nemesis:
         rejoins = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.REWARD_KILL)
         started = time.monotonic()
         group = fault.kind in (FaultKind.GENERATOR_KILL, FaultKind.GENERATOR_HANG, FaultKind.REWARD_KILL,
-                               FaultKind.REWARD_HANG)
+                               FaultKind.REWARD_HANG, FaultKind.SLOW_GENERATOR)
         send = os.killpg if group else os.kill
+        name = SERVICE_OF.get(fault.kind, fault.service)  # the service a hang, a slowdown, a partition hits
         if fault.kind is FaultKind.DISK_FULL:
             injected.note = f"{self.disk.fill() / 2**20:.1f} MB filled the disk"
             time.sleep(fault.hang_s)  # the checkpoints written meanwhile find it full
             self.disk.free()
+        elif fault.kind is FaultKind.PARTITION:
+            partition = Partition(self.sandbox, pid)
+            cut = partition.start()
+            time.sleep(fault.hang_s)
+            partition.stop()
+            injected.note = f"{name} cut off ({cut} drop rules at first, {len(partition.rules)} at the end)"
+        elif fault.kind is FaultKind.SLOW_GENERATOR:
+            cycles = slow_down(pid, fault.hang_s)
+            injected.note = (f"{cycles} cycles of {SLOW_STOP_S:g} s stopped, {SLOW_RUN_S:g} s running" if cycles is not None
+                             else "DECLARED DEAD: killed by the run while slow")
         else:
             try:
                 send(pid, signal.SIGSTOP if fault.kind.hang else signal.SIGKILL)
@@ -298,7 +288,7 @@ class Nemesis:
                 outcome.skipped.append(f"{fault.kind.value}: pid {pid} was gone")
                 return True
         if fault.kind.hang:
-            time.sleep(fault.hang_s)
+            injected.detected_s = hold_stopped(pid, fault.hang_s, started)
             try:
                 send(pid, signal.SIGCONT)
             except ProcessLookupError:  # the run found it stopped too long (cluster.stopped_kill_s) and killed it
@@ -306,17 +296,28 @@ class Nemesis:
         if fault.kind is FaultKind.COORDINATOR_KILL:
             self.proc.wait(timeout=30)
             self._launch()  # the same command again, as a user would
+
+        def recovered() -> bool:
+            if (injected.detected_s is not None and injected.replaced_s is None and joins(self.run_dir) > joined
+                    and replaced(launched, services(self.run_dir), name)):
+                injected.replaced_s = round(time.monotonic() - started, 2)
+            return ((last_step(self.run_dir) >= step + RECOVERED_AFTER and (not rejoins or joins(self.run_dir) > joined)
+                     and (injected.detected_s is None or injected.replaced_s is not None)) or self.proc.poll() == 0)
+
         try:
-            self._wait(lambda: (last_step(self.run_dir) >= step + RECOVERED_AFTER
-                                and (not rejoins or joins(self.run_dir) > joined)) or self.proc.poll() == 0,
-                       f"a GRPO step after {fault.kind.value}", self.recover_timeout_s)
+            self._wait(recovered, f"a GRPO step after {fault.kind.value}", self.recover_timeout_s)
         except (TimeoutError, RunExited) as exc:
             injected.note = f"{note} NOT RECOVERED: {exc}".strip()
             self._record(injected, outcome)
             raise RunExited(injected.note) from exc
         injected.recovered_s = round(time.monotonic() - started, 2)
-        if fault.kind.hang and "replaced" not in injected.note and _replaced(launched, services(self.run_dir), fault):
-            injected.note = f"{note} stopped past cluster.stopped_kill_s, replaced".strip()
+        if replaced(launched, services(self.run_dir), name) and "replaced" not in injected.note:
+            if fault.kind.hang:
+                injected.note = f"{note} stopped past cluster.stopped_kill_s, replaced".strip()
+            elif fault.kind is FaultKind.SLOW_GENERATOR and "DECLARED DEAD" not in injected.note:
+                injected.note += "; DECLARED DEAD: replaced"
+            elif fault.kind is FaultKind.PARTITION:
+                injected.note += ", replaced"
         self._record(injected, outcome)
         return True
 
@@ -326,7 +327,9 @@ class Nemesis:
             f.write(json.dumps(asdict(injected)) + "\n")
         self._log(f"[{injected.at_s:7.1f}s] {injected.kind:17s} after step {injected.step:3d} pid {injected.pid}"
                   f"{f' for {injected.hang_s:.1f}s' if injected.hang_s else ''}: recovered in "
-                  f"{injected.recovered_s}s {injected.note}")
+                  f"{injected.recovered_s}s {injected.note}"
+                  + (f" (killed {injected.detected_s}s after the SIGSTOP, replacement registered at "
+                     f"{injected.replaced_s}s)" if injected.detected_s is not None else ""))
 
     def _target(self, fault: Fault) -> tuple[int | None, str]:
         pids = services(self.run_dir)
@@ -335,8 +338,7 @@ class Nemesis:
             return self.proc.pid, ""
         if kind is FaultKind.DISK_FULL:
             return self.disk.pid, ""
-        name = {FaultKind.GENERATOR_KILL: "generator-0", FaultKind.GENERATOR_HANG: "generator-0",
-                FaultKind.REWARD_KILL: "reward-arithmetic", FaultKind.REWARD_HANG: "reward-arithmetic"}.get(kind, "trainer")
+        name = fault.service if kind is FaultKind.PARTITION else SERVICE_OF.get(kind, "trainer")
         pid = pids.get(name)
         if pid is None:
             return None, f"no {name} in services.json"
@@ -344,13 +346,6 @@ class Nemesis:
             rank = torchrun_rank(pid, fault.rank)
             return rank, f"rank {fault.rank}" if rank else f"torchrun {pid} has no rank {fault.rank} now"
         return pid, ""
-
-
-def _replaced(before: dict[str, int], after: dict[str, int], fault: Fault) -> bool:
-    """Whether the service a hang stopped was relaunched meanwhile (a new pid in services.json)."""
-    name = {FaultKind.GENERATOR_HANG: "generator-0", FaultKind.REWARD_HANG: "reward-arithmetic",
-            FaultKind.RANK_HANG: "trainer", FaultKind.AGENT_HANG: "trainer"}.get(fault.kind)
-    return name is not None and before.get(name) != after.get(name)
 
 
 class RunExited(Exception):
@@ -389,6 +384,9 @@ def main() -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="chaos-"))
     kinds = [FaultKind(k) for k in args.kinds.split(",")]
+    if FaultKind.PARTITION in kinds and (why := network_available(work)):
+        kinds.remove(FaultKind.PARTITION)
+        print(f"without partition faults: {why}", flush=True)
     plan = [Fault(FaultKind(k), args.startup_delay_s, 2.0 if FaultKind(k).hang else 0.0, startup=True)
             for k in filter(None, args.startup.split(","))]
     plan += schedule(args.seed, args.faults, args.rate, kinds, max_hang_s=args.max_hang_s)
@@ -397,7 +395,7 @@ def main() -> int:
     if args.asynchronous:  # compared with no run: what it trained is timing-dependent (see check_async)
         ref_wall = 0.0
     elif (ref_dir / "summary.json").is_file():  # --work of an earlier call with the same seed and steps
-        ref_wall = json.loads((ref_dir / "summary.json").read_text()).get("wall_s", 0.0)
+        ref_wall = json.loads((ref_dir / "summary.json").read_text()).get("wall_time_s", 0.0)  # the run's own
         print(f"fault-free run: reusing {ref_dir}", flush=True)
     else:
         ref = reference(work / "reference", args.steps, args.seed)
@@ -415,8 +413,9 @@ def main() -> int:
         stop_everything(work / "chaos" / "home")
         raise
     verdict = (check_async(outcome.run_dir, outcome.home, steps=args.steps, groups=PROMPTS, generations=GENERATIONS,
-                           max_age=1, checkpoints=outcome.checkpoints)
-               if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home, checkpoints=outcome.checkpoints))
+                           max_age=1, checkpoints=outcome.checkpoints, faults=outcome.faults)
+               if args.asynchronous else check(ref_dir, outcome.run_dir, outcome.home, checkpoints=outcome.checkpoints,
+                                               faults=outcome.faults))
     result = figures(outcome, verdict, args.seed, args.steps, args.rate)
     stop_everything(outcome.home)  # after a failed run
     result["reference_wall_s"] = round(ref_wall, 1)

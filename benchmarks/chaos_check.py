@@ -82,14 +82,14 @@ def processes_of(home: Path) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0") and _state(int(entry.name)) != "Z":
+            if needle in (entry / "environ").read_bytes().split(b"\0") and process_state(int(entry.name)) != "Z":
                 found.append(int(entry.name))
         except OSError:
             continue
     return found
 
 
-def _state(pid: int) -> str:
+def process_state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
@@ -116,10 +116,12 @@ class Verdict:
     problems: list[str]
 
     asynchronous: bool = False
+    faults_ok: bool = True
+    """Every fault met its kind's expectation (`fault_problems`)."""
 
     @property
     def passed(self) -> bool:
-        return self.equal and not self.left_running and self.checkpoints_ok
+        return self.equal and not self.left_running and self.checkpoints_ok and self.faults_ok
 
     @property
     def text(self) -> str:
@@ -133,9 +135,24 @@ class Verdict:
         return "NOT equal: " + "; ".join(self.problems)
 
 
+def fault_problems(faults) -> list[str]:
+    """What the faults themselves must show (benchmarks/chaos.py's Injected records): each one
+    recovered from (the run went on: none stalled it for good), and a slow generator never
+    declared dead (killed or replaced) while it still made progress."""
+    problems = []
+    for f in faults:
+        if f.recovered_s is None:
+            problems.append(f"{f.kind} at {f.at_s:.0f}s did not recover: {f.note}")
+        if f.kind == "slow_generator" and "DECLARED DEAD" in f.note:
+            problems.append(f"a slow generator (still running, {f.hang_s:g}s slow) was declared dead at {f.at_s:.0f}s: "
+                            f"{f.note}")
+    return problems
+
+
 def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float = 1e-6,
-          settle_s: float = 15.0, checkpoints: Path | None = None) -> Verdict:
-    """checkpoints: where the run's checkpoints are (default <chaos_dir>/checkpoints)."""
+          settle_s: float = 15.0, checkpoints: Path | None = None, faults=()) -> Verdict:
+    """checkpoints: where the run's checkpoints are (default <chaos_dir>/checkpoints). faults:
+    the Injected records, held to `fault_problems`."""
     from safetensors.torch import load_file
 
     problems: list[str] = []
@@ -169,8 +186,9 @@ def check(reference_dir: Path, chaos_dir: Path, home: Path, *, tolerance: float 
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
     checkpoints_ok = _check_checkpoints(chaos_dir, problems, checkpoints)
+    faulty = fault_problems(faults)
     return Verdict(steps_equal and weights_equal, steps_equal, weights_equal, max_diff, max_weight_diff, left,
-                   checkpoints_ok, problems)
+                   checkpoints_ok, problems + faulty, faults_ok=not faulty)
 
 
 def _same_samples(reference_dir: Path, chaos_dir: Path, problems: list[str]) -> bool:
@@ -249,14 +267,14 @@ def _complete(path: Path) -> bool:
 
 
 def check_async(run_dir: Path, home: Path, *, steps: int, groups: int, generations: int, max_age: int,
-                settle_s: float = 15.0, checkpoints: Path | None = None) -> Verdict:
+                settle_s: float = 15.0, checkpoints: Path | None = None, faults=()) -> Verdict:
     """An asynchronous run has no fault-free twin to equal: which weights sampled a batch depends on
     timing. What it must keep: every step 1..steps trained once in the run's final history (a
     restart drops the rows after its checkpoint and trains those steps again, on the restored
     state), each on a full batch (`groups` x `generations` samples), none older than `max_age`
     versions; every sample accounted for by the run's ledger (`account`: none trained twice, none
     lost, each drop with its reason); the exported weights; nothing left running; the
-    checkpoints it claims."""
+    checkpoints it claims; the faults' own expectations (`fault_problems`)."""
     batch = groups * generations
     records, problems = ledger(run_dir)
     problems += account(records, steps=steps, groups=groups, generations=generations, max_age=max_age)
@@ -277,6 +295,7 @@ def check_async(run_dir: Path, home: Path, *, steps: int, groups: int, generatio
     if left:
         problems.append(f"left running: {[(p, _cmdline(p)) for p in left]}")
     checkpoints_ok = _check_checkpoints(run_dir, problems, checkpoints)
+    problems += fault_problems(faults)
     fine = not problems
     return Verdict(fine, fine, fine, 0.0, 0.0, left, checkpoints_ok, problems, asynchronous=True)
 
@@ -349,10 +368,16 @@ def figures(outcome, verdict: Verdict, seed: int, steps: int, rate: float) -> di
         "kinds": len(by_kind), "faults_per_hour": round(survived / outcome.wall_s * 3600, 1),
         "recover_s": {k: {"n": len(v), "median": round(statistics.median(v), 2), "max": max(v)}
                       for k, v in sorted(by_kind.items())},
+        "stopped_detected_s": _spread([f.detected_s for f in outcome.faults if f.detected_s is not None]),
+        "stopped_replaced_s": _spread([f.replaced_s for f in outcome.faults if f.replaced_s is not None]),
         "skipped": outcome.skipped, "verdict": verdict.text, "left_running": verdict.left_running,
         "max_metric_diff": verdict.max_metric_diff, "max_weight_diff": verdict.max_weight_diff,
         "faults": [asdict(f) for f in outcome.faults],
     }
+
+
+def _spread(values: list[float]) -> dict:
+    return {"n": len(values), "median": round(statistics.median(values), 2), "max": max(values)} if values else {"n": 0}
 
 
 def markdown(result: dict) -> str:
@@ -377,5 +402,18 @@ def markdown(result: dict) -> str:
             f"of the same command; {replaced} hangs outlasted cluster.stopped_kill_s and were replaced). "
             f"{compared}\n\n"
             "Time to recover (s): from the fault to the run logging the second GRPO step past the last one logged "
-            "before it (so about one step's time is included); hangs include the time stopped.\n\n"
-            f"| fault | n | median | max |\n| --- | --- | --- | --- |\n{rows}\n")
+            "before it (so about one step's time is included); hangs include the time stopped, partitions and slow "
+            "generators the time they lasted.\n\n"
+            f"| fault | n | median | max |\n| --- | --- | --- | --- |\n{rows}\n{_detection(result)}")
+
+
+def _detection(result: dict) -> str:
+    """How soon the run found a stopped service and had it back, over the hangs it replaced."""
+    found, back = result.get("stopped_detected_s", {"n": 0}), result.get("stopped_replaced_s", {"n": 0})
+    if not found["n"]:
+        return ""
+    line = (f"\nStopped services the run detected and killed (hangs past cluster.stopped_kill_s): {found['n']}, "
+            f"killed {found['median']} s (median), {found['max']} s (max) after the SIGSTOP")
+    if back["n"]:
+        line += f"; their replacements registered {back['median']} s (median), {back['max']} s (max) after it"
+    return line + ".\n"

@@ -148,8 +148,10 @@ class LocalCluster:
     def restart_trainer(self, kind: ServiceKind = ServiceKind.TRAINER) -> None:
         """Relaunch the trainer (kind CRITIC: a PPO run's critic; its process group is killed first)
         and wait until it registers; the generator the trainer served itself (policy.generation.backend
-        megatron) goes with it."""
-        old = [m for m in self.registry.live()
+        megatron) goes with it. Its members are forgotten for good, live or suspected: a dropped
+        one's late heartbeat (held back by a partition) must not pass the dead process off as the
+        relaunched trainer."""
+        old = [m for m in self.registry.live() + self.registry.suspected()
                if m.kind is kind or (kind is ServiceKind.TRAINER and m.shares_trainer_weights)]
         self.launcher.restart(str(kind))  # launched as "trainer" / "critic" (launch/specs.py)
         for member in old:

@@ -12,6 +12,10 @@ A background thread, started once every service has registered and stopped befor
 - Stopped services. A service whose process (or any process below it: torchrun's ranks, vLLM's
   engine) has been stopped (SIGSTOP: state T) for stopped_kill_s (cluster.stopped_kill_s) is
   killed, so that it is replaced as above (the trainer: by the loop, from its last checkpoint).
+  Stopped for that long means found stopped at every look and never run in between (its
+  context switches did not move, `context_switches`): a slow service, stopped and continued over
+  and over (benchmarks/chaos.py's slow_generator), makes progress and is left alone, however
+  often a look finds it stopped.
   Its heartbeats stop with it, so membership drops it after its timeout (registry.py) and no new
   work goes to it meanwhile; a stop shorter than stopped_kill_s is a pause, and the service goes
   on where it was. So a hang by SIGSTOP is replaced within stopped_kill_s + 2 ticks, plus the
@@ -35,7 +39,7 @@ from coordinator.launch.adopted import descendants
 from coordinator.launch.launcher import LocalLauncher
 from coordinator.membership.registry import Member, Registry
 from coordinator.membership.status import RunStatus
-from coordinator.membership.vitals import process_vitals
+from coordinator.membership.vitals import context_switches, process_vitals
 from tandem.kinds import ServiceKind
 from tandem.rpc import RpcFailure
 
@@ -68,7 +72,8 @@ class Supervisor:
         self._max_restarts, self._backoff_s, self._max_backoff_s = max_restarts, backoff_s, max_backoff_s
         self._notice_period_s, self._grace_s, self._poll_s, self._relaunch = notice_period_s, grace_s, poll_s, relaunch
         self._stopped_kill_s, self._stopped_check_s = stopped_kill_s, stopped_check_s
-        self._stopped_since: dict[str, float] = {}  # service name -> when a process of it was first seen stopped
+        self._stopped_since: dict[str, float] = {}  # service name -> since when a process of it has been stopped
+        self._stopped_seen: dict[str, dict[int, int | None]] = {}  # service name -> its stopped pids' context switches
         self._stopped_checked = -float("inf")
         self._due: dict[str, float] = {}  # service name -> when to relaunch it
         self._relaunched_at: dict[str, float] = {}  # by whoever relaunched it (here, or a trainer restart)
@@ -139,10 +144,15 @@ class Supervisor:
                        and v.state in "Tt"]
             if not stopped:
                 self._stopped_since.pop(name, None)
+                self._stopped_seen.pop(name, None)
                 continue
-            since = self._stopped_since.setdefault(name, now)
+            seen, before = {p: context_switches(p) for p in stopped}, self._stopped_seen.get(name, {})
+            if any(p not in before or before[p] != switches for p, switches in seen.items()):
+                self._stopped_since[name] = now  # newly stopped, or it ran since the last look: a pause at most
+            self._stopped_seen[name] = seen
+            since = self._stopped_since[name]
             if now - since >= self._stopped_kill_s:
-                del self._stopped_since[name]
+                del self._stopped_since[name], self._stopped_seen[name]
                 self._say(f"{name} has been stopped (pids {stopped}, state T) for {now - since:.0f}s "
                           f"(cluster.stopped_kill_s): killing it so that it is replaced", event="service_stopped_too_long")
                 self._launcher.kill(name)

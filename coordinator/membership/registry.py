@@ -130,14 +130,16 @@ class Registry:
 
     def heartbeat(self, member_id: str, num_inflight: int, weight_version: int) -> bool:
         """Whether the member is known (False: it must register again). A suspected member's
-        heartbeat brings it back under its id."""
+        heartbeat brings it back under its id, unless (given vitals) its process is gone: a
+        heartbeat sent before its death and delivered late (held back by a partition, retransmitted
+        by its kernel after the kill) must not bring a dead service back."""
         now = time.monotonic()
         with self._lock:
             member = self._members.get(member_id)
             back = None
             if member is None:
                 member, dropped_at = self._suspected.pop(member_id, (None, now))
-                if member is None:
+                if member is None or self._gone(member):
                     return False
                 back = now - dropped_at
             self._members[member_id] = replace(member, num_inflight=num_inflight, weight_version=weight_version,
@@ -171,12 +173,16 @@ class Registry:
 
     def remove(self, member_id: str, reason: str, *, may_return: bool = True) -> None:
         """Drop a member the run loop found dead (e.g. its RPCs fail). may_return: its process may
-        still be alive, so a heartbeat from it brings it back under its id (False: it was killed)."""
+        still be alive, so a heartbeat from it brings it back under its id (False: it was killed;
+        then a suspected member is forgotten too: a heartbeat it sent before its death may still
+        arrive, e.g. held back by a partition, and must not bring a dead process back)."""
         with self._lock:
             member = self._members.pop(member_id, None)
             self._busy.pop(member_id, None)
             if member is not None and may_return:
                 self._suspect(member, time.monotonic())
+            if not may_return:
+                self._suspected.pop(member_id, None)
             self._changed.notify_all()
         if member is not None:
             self._log.warning("member_lost", member_id=member_id, kind=member.kind, address=member.address,
@@ -188,6 +194,11 @@ class Registry:
         self._suspected[member.member_id] = (member, now)
         while len(self._suspected) > MAX_SUSPECTED:
             del self._suspected[next(iter(self._suspected))]
+
+    def suspected(self) -> list[Member]:
+        """Members dropped unheard whose next heartbeat would bring them back (oldest first)."""
+        with self._lock:
+            return [member for member, _ in self._suspected.values()]
 
     def live(self, kind: ServiceKind | None = None) -> list[Member]:
         """Members that may get new work (not leaving), sorted by member id."""
@@ -215,6 +226,13 @@ class Registry:
             self._log.warning("member_lost", member_id=member.member_id, kind=member.kind, address=member.address,
                               reason=f"no heartbeat for {now - member.last_seen:.0f}s", leaving=member.leaving)
         return sorted(alive, key=lambda m: m.member_id)
+
+    def _gone(self, member: Member) -> bool:
+        """(Under the lock) whether the member's process is known to have exited (given vitals)."""
+        if self._vitals is None or member.pid <= 0:
+            return False
+        vitals = self._vitals(member.pid)
+        return vitals is None or vitals.state in "ZX"
 
     def _working(self, member: Member, now: float) -> bool:
         """(Under the lock) whether a member silent past timeout_s is busy rather than gone: its

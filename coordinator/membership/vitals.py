@@ -35,3 +35,16 @@ def process_vitals(pid: int) -> Vitals | None:
         return None
     fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
     return Vitals(fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+
+
+def context_switches(pid: int) -> int | None:
+    """How many times the process's main thread has been switched out (voluntary and not); None if
+    there is no such process here. A stopped process's count stands still, and any spell of
+    running moves it (even an idle one: SIGCONT wakes it, and it goes back to sleep), so an
+    unchanged count between two looks that both found it stopped means it never ran in between."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    return sum(int(line.split()[1]) for line in lines
+               if line.split(":")[0] in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))

@@ -164,3 +164,29 @@ def _wait_state(pid: int, state: str) -> None:
     while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != state:
         assert time.monotonic() < deadline, f"pid {pid} never reached state {state}"
         time.sleep(0.01)
+
+
+def test_a_slow_service_stopped_at_every_look_but_running_in_between_is_not_killed():
+    """A slow service (benchmarks/chaos.py's slow_generator: stopped and continued over and over,
+    so it runs a fraction of the time) may be seen stopped at every look of the supervisor, yet
+    it ran in between: it is making progress and must not be killed as a hung one. Found by the
+    nemesis's slow generator: the supervisor, looking once a second at a process stopped 3/4 of
+    the time, saw it stopped at every look for stopped_kill_s now and then and killed it. A
+    process truly stopped since the first look is still killed (the test above)."""
+    script = "import time; time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        launcher, notices = FakeLauncher(), []
+        launcher.processes = {"generator-0": proc.pid}
+        supervisor, _ = _supervisor(launcher, FakeRegistry(TRAINER, GENERATOR, REWARD), notices, stopped_kill_s=30.0,
+                                    stopped_check_s=0.0)
+        for look in range(6):  # one look every 10 s, each while it is stopped; it ran between two looks
+            os.kill(proc.pid, signal.SIGSTOP)
+            _wait_state(proc.pid, "T")
+            supervisor.tick(100.0 + 10 * look)
+            os.kill(proc.pid, signal.SIGCONT)
+            _wait_state(proc.pid, "S")
+        assert launcher.killed == [], notices
+    finally:
+        proc.kill()
+        proc.wait()
