@@ -8,12 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # System packages of the compose, multi-host and Slurm tests (tests/compose, tests/multihost,
 # tests/slurm): a Docker engine, debootstrap for the base image, iproute2 for network
-# namespaces, Slurm and munge (the tests start their own daemons; none is started here). As root only.
+# namespaces, iptables for the chaos test's network partitions (benchmarks/chaos_net.py), Slurm and
+# munge (the tests start their own daemons; none is started here). As root only.
 if [ "$(id -u)" = 0 ] && { ! command -v dockerd || ! command -v debootstrap || ! command -v ip \
-    || ! command -v slurmctld || ! command -v munged; } >/dev/null; then
+    || ! command -v iptables-restore || ! command -v slurmctld || ! command -v munged; } >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io debootstrap iproute2 \
-    slurm-wlm munge
+    iptables slurm-wlm munge
 fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
