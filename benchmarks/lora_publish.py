@@ -60,7 +60,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lora-publish-"))
     overrides = {"grpo.max_num_steps": args.steps, "grpo.num_prompts_per_step": 8, "grpo.num_generations_per_prompt": 8,
                  "policy.train_global_batch_size": 64, "policy.train_micro_batch_size": 16 if args.model else 32,
-                 "cluster.trainer_ranks": 1, "grpo.val_at_start": False, "grpo.val_period": 0,
+                 "cluster.trainer_ranks": 1, "grpo.val_at_start": False, "grpo.val_period": 0, "grpo.max_val_samples": 32,
                  "reward_fns": {"arithmetic": starts_with_a_digit}}
     if args.model:
         overrides["policy.model_name"] = args.model
