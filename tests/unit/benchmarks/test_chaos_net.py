@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,10 @@ def test_a_partition_silences_a_service_s_connections_to_the_rest_and_spares_its
         before = _count(counter)
         assert _ask(peer, "send 1") == "silence"  # no answer, no reset: the peer cannot tell
         assert _ask(peer, "new 1") == "silence"
-        assert _count(counter) > before + 5  # the child's connection to its parent is inside the service
+        deadline = time.monotonic() + 20  # the child's connection to its parent is inside the service: it goes on
+        while _count(counter) <= before + 5 and time.monotonic() < deadline:  # (however slowly a loaded machine runs it)
+            time.sleep(0.05)
+        assert _count(counter) > before + 5
         partition.stop()
         assert _ask(peer, "wait 10") == "answered"  # what the partition held back arrives
         assert _ask(peer, "new 5") == "connected"
