@@ -14,7 +14,7 @@ real services on 127.0.0.1, exactly as `tandem run RECIPE` runs it (only sizes s
   alone and serves them through vLLM's LoRA layers);
 - distillation.yaml: an untrained student distilled from a teacher served by its own generator
   service (the embedded model fine-tuned briefly, coordinator/embedded/teacher.py) lowers its
-  per-token reverse KL to the teacher;
+  per-token reverse KL to the teacher, and resumed from its step-4 checkpoint repeats steps 5-8 exactly;
 - ppo.yaml: PPO with a critic service raises the reward of an untrained policy while the critic's
   value loss falls, and its checkpoint holds the critic beside the policy.
 The MoE recipe (grpo_moe_megatron.yaml) runs in tests/integration/test_moe_grpo.py, on a tiny
@@ -204,11 +204,11 @@ def test_distillation_recipe_lowers_the_reverse_kl_to_the_teacher(tmp_path, monk
     # distillation.teacher.model_name=DIR`); a recipe file alone is validated without overrides.
     recipe = yaml.safe_load((RECIPES / "distillation.yaml").read_text())
     recipe["distillation"]["teacher"]["model_name"] = str(teacher)
-    summary = _run(recipe, tmp_path, monkeypatch, home, **{
-        "logger.run_name": "distillation", "distillation.teacher.top_logprobs_k": 2,
-        "grpo.max_num_steps": 8, "grpo.num_prompts_per_step": 8, "grpo.max_val_samples": 16,
-        "grpo.val_at_start": False, "grpo.val_period": 0, "policy.train_global_batch_size": 8,
-        "policy.train_micro_batch_size": 8, "policy.optimizer.kwargs.lr": 3e-3, "checkpointing.enabled": False})
+    sizes = {"distillation.teacher.top_logprobs_k": 2, "grpo.max_num_steps": 8, "grpo.num_prompts_per_step": 8,
+             "grpo.max_val_samples": 16, "grpo.val_at_start": False, "grpo.val_period": 0,
+             "policy.train_global_batch_size": 8, "policy.train_micro_batch_size": 8,
+             "policy.optimizer.kwargs.lr": 3e-3, "checkpointing.save_period": 4}
+    summary = _run(recipe, tmp_path, monkeypatch, home, **{"logger.run_name": "distillation", **sizes})
     assert summary["algorithm"] == "distillation"
     rows = _rows(summary, "grpo")
     kl = [r["teacher_reverse_kl"] for r in rows]
@@ -220,6 +220,28 @@ def test_distillation_recipe_lowers_the_reverse_kl_to_the_teacher(tmp_path, monk
     settings = json.loads((Path(summary["run_dir"]) / "services" / "teacher-0.json").read_text())
     assert settings["teacher"] is True and settings["model_name"] == str(teacher)
     assert_exported_model_generates(summary)
+
+    # as if the run crashed after its step-4 checkpoint: steps 5-8 again equal the uninterrupted run's
+    from coordinator.run.create import create_run
+
+    run_dir = Path(summary["run_dir"])
+    resumed_dir = run_dir.parent / "distillation-resumed"
+    shutil.copytree(run_dir, resumed_dir, ignore=shutil.ignore_patterns("summary.json", "hf", "step_000008"))
+    (resumed_dir / "checkpoints" / "latest").write_text("step_000004")
+    trainer = GRPOTrainer(recipe, **{**sizes, "logger.log_dir": str(run_dir.parent),
+                                     "logger.run_name": "distillation-resumed", "logger.tensorboard_enabled": False,
+                                     "logger.plot_enabled": False})
+    try:
+        create_run(trainer.config, trainer.console, resume=True).execute()
+    finally:
+        run_files.kill_services(resumed_dir)
+    assert [e["step"] for e in run_files.events(resumed_dir) if e["event"] == "resumed"] == [4]
+    again = [json.loads(line) for line in (resumed_dir / "metrics.jsonl").read_text().splitlines()]
+    again = [r for r in again if r["phase"] == "grpo"]
+    assert [r["step"] for r in again] == list(range(1, 9))
+    for before, after in zip(rows[4:], again[4:]):
+        for key in ("loss", "teacher_reverse_kl", "teacher_top_k_agreement", "grad_norm", "reward_mean"):
+            assert abs(before[key] - after[key]) <= 1e-5, (before["step"], key, before[key], after[key])
 
 
 PPO_SIZES = {"grpo.max_num_steps": 6, "grpo.num_prompts_per_step": 8, "grpo.num_generations_per_prompt": 4,
