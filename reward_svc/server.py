@@ -33,7 +33,6 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
         return pb.StepResponse(results=[pb.StepResult(done=r.done, observation=r.observation, reward=r.reward,
                                                       correct=r.correct) for r in results])
 
-
     async def RunEpisode(self, request: pb.RunEpisodeRequest, context) -> pb.RunEpisodeResponse:
         example = {"prompt": request.prompt, "answer": request.ground_truth, "task": request.task}
         r = await self._engine.run_episode(EpisodeRequest(request.task, example, request.base_url, request.api_key))

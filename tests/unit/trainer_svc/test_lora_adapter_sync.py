@@ -20,7 +20,7 @@ from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.launch.specs import generator_settings, trainer_settings
 from generator_svc.config import GeneratorSettings, LoraAdapterServing
 from generator_svc.lora_adapter import target_modules, write_adapter
-from tandem.weight_sync import iter_buckets
+from tests.buckets import unpack
 from trainer_svc.backends.dtensor.backend import DTensorBackend
 from trainer_svc.publish import weight_sync_plan
 from trainer_svc.types import GrpoLossConfig, Sample
@@ -46,11 +46,7 @@ def test_the_published_adapters_load_in_peft_as_the_trainers_merged_model(world_
     assert [t.name for t in plan.tensors] == list(backend.published_tensor_shapes)
     assert plan.total_bytes < full_bytes / 5
 
-    received = {}  # what a receiver unpacks from the buckets
-    for index, bucket in iter_buckets(plan, backend.iter_published_tensors(), lambda i, n: torch.empty(n, dtype=torch.uint8)):
-        for spec in (s for s in plan.tensors if s.bucket_index == index):
-            raw = bucket[spec.offset_bytes:spec.offset_bytes + spec.size_bytes].clone()
-            received[spec.name] = raw.view(getattr(torch, spec.dtype)).view(spec.shape)
+    received = unpack(plan, backend.iter_published_tensors())  # what a receiver reads
     assert any(n.endswith("lora_B.weight") and t.abs().max() > 0 for n, t in received.items())
     lora = cfg.policy.dtensor_cfg.lora_cfg
     assert write_adapter(received, tmp_path, lora.dim, lora.alpha, str(model_dir)) == len(received)

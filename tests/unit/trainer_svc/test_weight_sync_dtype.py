@@ -16,7 +16,7 @@ from coordinator.config import load_config
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
 from coordinator.launch.specs import generator_settings, trainer_settings
-from tandem.weight_sync import BucketPlan, iter_buckets
+from tests.buckets import unpack
 from trainer_svc.backends.dtensor.backend import DTensorBackend
 from trainer_svc.publish import weight_sync_plan
 from trainer_svc.types import GrpoLossConfig, Sample
@@ -36,13 +36,6 @@ def _settings(precision: str, model_dir: Path):
     return trainer_settings(cfg, str(model_dir)), served
 
 
-def _unpack(plan: BucketPlan, tensors) -> dict[str, torch.Tensor]:
-    """What a receiver reads out of the packed buckets."""
-    buckets = {i: b.clone() for i, b in iter_buckets(plan, tensors, lambda i, n: torch.empty(n, dtype=torch.uint8))}
-    return {s.name: buckets[s.bucket_index][s.offset_bytes:s.offset_bytes + s.size_bytes]
-            .view(getattr(torch, s.dtype)).view(s.shape) for s in plan.tensors}
-
-
 def _samples() -> list[Sample]:
     generator = torch.Generator().manual_seed(5)
     return [Sample([1, 10 + i, 12, *torch.randint(4, 40, (4,), generator=generator).tolist()], 3,
@@ -60,7 +53,7 @@ def test_bf16_checkpoint_trained_in_fp32_reaches_the_generators_exactly(world_of
 
     plan = weight_sync_plan(settings, backend)
     assert {s.dtype for s in plan.tensors} == {"float32"}
-    received = _unpack(plan, backend.iter_hf_tensors())
+    received = unpack(plan, backend.iter_hf_tensors())
     assert received.keys() == trained.keys()
     for name, tensor in trained.items():
         assert tensor.dtype == torch.float32 and torch.equal(received[name], tensor), name
