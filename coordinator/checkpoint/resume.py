@@ -2,7 +2,8 @@
 
 The coordinator's state (`coordinator.json` beside the trainer's DCP shards) holds what the
 steps after a resume depend on: the step, the weight version the generators served, the
-GRPO cursor, the metric history, the phase (the warm start is done once GRPO checkpoints)
+GRPO cursor, the metric history (a mark of its rows in metrics.jsonl, not the rows:
+coordinator/checkpoint/history.py), the phase (the warm start is done once GRPO checkpoints)
 and the coordinator's RNG. Everything else the loop draws is a function of (seed, step):
 sampling seeds, the cursor's shuffles. So with the trainer's model, optimizer and RNG
 restored, the steps after a resume repeat those of an uninterrupted run.
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from coordinator.checkpoint import store
+from coordinator.checkpoint.history import HistoryMark, checkpoint_lines
 
 
 class NothingToResume(ValueError):
@@ -34,18 +36,28 @@ class LoopState:
     step: int
     weight_version: int
     cursor: dict[str, int]
+    history: HistoryMark | None = None
+    """Which rows of metrics.jsonl are the checkpoint's history (None in a checkpoint written
+    before checkpoints marked them: `metrics` holds them)."""
     metrics: list[dict] = field(default_factory=list)
+    """The history's rows themselves, as older checkpoints held them: read, no longer written."""
     phase: str = "grpo"
     sft_steps: int = 0
     accuracy_before: float | None = None
     rng: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.metrics:
+            del data["metrics"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> LoopState:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if fields.get("history") is not None:
+            fields["history"] = HistoryMark.from_json(fields["history"])
+        return cls(**fields)
 
 
 def capture_rng() -> dict[str, object]:
@@ -81,12 +93,15 @@ def find(root: Path) -> tuple[Path, LoopState]:
     return path, LoopState.from_json(json.loads((path / "coordinator.json").read_text()))
 
 
-def rewrite_metrics(path: Path, history: list[dict]) -> None:
-    """Make metrics.jsonl hold exactly the checkpoint's history (rows logged after the
-    checkpoint by the interrupted run are dropped: the resumed run logs those steps again)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in history))
-    os.replace(tmp, path)
+def history_lines(metrics_path: Path, checkpoint: Path, state: LoopState) -> list[str]:
+    """The rows of the run's metrics.jsonl (`metrics_path`) that a resume from `checkpoint` keeps,
+    as lines (MetricsLog.restore makes them the file and the history): those its mark counts
+    (coordinator/checkpoint/history.py:checkpoint_lines, HistoryMismatch when the file does not hold
+    them), or the rows an older checkpoint holds itself. Reads only: a resume calls it before it
+    changes anything."""
+    if state.history is None:
+        return [json.dumps(row) for row in state.metrics]
+    return checkpoint_lines(metrics_path, state.history, checkpoint)
 
 
 def truncate_ledger(path: Path, step: int) -> None:

@@ -1,6 +1,7 @@
 """Where metrics go: a JSONL file (one line per step and phase), the sinks the logger section
 enables (TensorBoard, W&B, MLflow: loggers.py), sample generations (samples.jsonl and the sinks),
-and the history kept for the loop checkpoint and the final plot (plot.py).
+and the history: for the final plot (plot.py), and marked by each loop checkpoint without a copy
+of its rows (coordinator/checkpoint/history.py).
 
 Each row is logged at its phase's own step: SFT rows (and their held-out checks, `sft_val`) at
 the SFT optimizer step, GRPO rows and validations (`val`) at the GRPO step, DPO/RM rows at theirs.
@@ -8,7 +9,9 @@ the SFT optimizer step, GRPO rows and validations (`val`) at the GRPO step, DPO/
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,14 +32,35 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.history: list[dict] = []
+        self._offset = self.path.stat().st_size if self.path.is_file() else 0  # an earlier run's rows end here
+        self._logged = hashlib.sha256()  # of the rows of `history`, as written
         self._sinks = build_sinks(cfg, run_dir, run_name or run_dir.name)
 
     def log(self, phase: str, step: int, metrics: dict[str, float]) -> None:
         row = {"phase": phase, "step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        line = json.dumps(row) + "\n"
         self.history.append(row)
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(line)
+        self._logged.update(line.encode())
         self._each(lambda sink: sink.scalars(phase, step, metrics))
+
+    def written(self) -> tuple[int, int, str]:
+        """The rows of `history` in metrics.jsonl, for a loop checkpoint's mark of them
+        (coordinator/checkpoint/history.py): the byte at which they begin (an earlier run's rows,
+        under the same name, come before), how many, and the sha256 of their lines as written."""
+        return self._offset, len(self.history), self._logged.hexdigest()
+
+    def restore(self, lines: list[str]) -> None:
+        """Make metrics.jsonl and the history exactly `lines` (a checkpoint's rows, as written:
+        those the interrupted run logged after the checkpoint are dropped, and a resumed run logs
+        those steps again); an earlier run's rows before them in the file go too."""
+        text = "".join(line + "\n" for line in lines)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.path)
+        self.history = [json.loads(line) for line in lines]
+        self._offset, self._logged = 0, hashlib.sha256(text.encode())
 
     def log_samples(self, phase: str, step: int, rows: list[dict]) -> None:
         """Sample generations of a validation (prompt, completion, answer, reward, correct, task)."""

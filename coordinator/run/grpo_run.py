@@ -25,6 +25,7 @@ from coordinator.algorithms.sft import sft_steps
 from coordinator.checkpoint import resume as resuming
 from coordinator.checkpoint import store
 from coordinator.checkpoint.export import export_hf
+from coordinator.checkpoint.history import HistoryMark, HistoryMismatch
 from coordinator.config import ExperimentConfig
 from coordinator.data.examples import Example, PromptCursor, dataset_tasks, read_examples
 from coordinator.data.inputs import prepare_inputs
@@ -52,6 +53,12 @@ class Run(RunBase):
         self.resume_from = (resuming.find_for(cfg) if resume  # raises NothingToResume
                             else resuming.find_unfinished(cfg) if resume is None else None)
         super().__init__(cfg, console, hosted)
+        if self.resume_from is not None:  # a metrics.jsonl that is not the checkpoint's fails before any service starts
+            try:
+                resuming.history_lines(self.metrics.path, *self.resume_from)
+            except HistoryMismatch:
+                self._log_file.close()
+                raise
         self.accuracy_before: float | None = None
         self.sft_steps = 0
         self._val: list[Example] = []  # the held-out examples GRPO validates on
@@ -241,7 +248,7 @@ class Run(RunBase):
         root = resuming.checkpoint_root(self.cfg.checkpointing.checkpoint_dir, self.run_dir)
         row = {"phase": "grpo", "step": step, "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
         state = resuming.LoopState(step=step, weight_version=ctx.publisher.version, cursor=cursor,
-                                   metrics=[*self.metrics.history, row],  # this step's row is logged after
+                                   history=HistoryMark.after(self.metrics.written(), row),  # row: logged after
                                    sft_steps=self.sft_steps, accuracy_before=self.accuracy_before,
                                    rng=resuming.capture_rng())
         started = time.perf_counter()
@@ -281,6 +288,7 @@ class Run(RunBase):
         version, or a newer one if a generator already serves a later version (it outlived
         the trainer or the coordinator)."""
         started = time.perf_counter()
+        history = resuming.history_lines(self.metrics.path, path, state)  # before anything changes
         ctx.services.trainer.load_checkpoint(str((path / "trainer").resolve()))
         if self.cfg.ppo is not None:
             if not (path / "critic").is_dir():
@@ -291,8 +299,7 @@ class Run(RunBase):
 
         version = resuming.resume_version(state.weight_version, [ctx.publisher.version, *_served(generators)])
         ctx.publish(generators, version=version)
-        self.metrics.history = list(state.metrics)
-        resuming.rewrite_metrics(self.metrics.path, state.metrics)
+        self.metrics.restore(history)
         resuming.truncate_ledger(self.ledger_path, state.step)
         resuming.restore_rng(state.rng)
         self.sft_steps = state.sft_steps
