@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from coordinator.launch.launcher import kill_tree
 from coordinator.loop.ledger import StepSamples, account
 
 # --- what a live run leaves in its directory (as tests/integration/run_files.py reads it) -----
@@ -338,18 +339,20 @@ def _left_running(home: Path, settle_s: float) -> list[int]:
     return left
 
 
-def stop_everything(home: Path) -> list[int]:
+def stop_everything(home: Path, timeout_s: float = 30.0) -> list[int]:
     """SIGKILL whatever the run left (after a failed run: services outlive a killed coordinator by
-    design, for their coordinator_wait_s); returns the pids killed."""
-    import signal
-
-    left = processes_of(home)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return left
+    design, for their coordinator_wait_s); returns the pids killed. Each process found
+    (`processes_of`) goes with its process group and every descendant (vLLM's engine processes,
+    torchrun's ranks), by pid; the search is repeated until it finds nothing (up to timeout_s),
+    so that a service a still-living supervisor relaunched meanwhile goes too."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_of(home)) and time.monotonic() < deadline:
+        for pid in left:
+            kill_tree(pid)
+        killed.update(left)
+        time.sleep(0.2)  # killed processes leave /proc (or become zombies) once the kernel has reaped them
+    return sorted(killed)
 
 
 # --- figures --------------------------------------------------------------------------------

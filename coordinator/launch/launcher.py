@@ -92,7 +92,7 @@ class LocalLauncher:
         """Kill what is left of the named service's process group and start it again."""
         with self._lock:
             child = next(c for c in self._children if c.spec.name == name)
-            _kill_tree(child.process.pid)
+            kill_tree(child.process.pid)
             _wait(child.process, 10)
             self._children.remove(child)
             self.restarts[name] = self.restarts.get(name, 0) + 1
@@ -105,7 +105,7 @@ class LocalLauncher:
         with self._lock:
             child = next((c for c in self._children if c.spec.name == name), None)
             if child is not None:
-                _kill_tree(child.process.pid)
+                kill_tree(child.process.pid)
                 self._log.warning("service_killed", name=name, pid=child.process.pid)
 
     def exited_nonessential(self) -> dict[str, int]:
@@ -185,7 +185,7 @@ class LocalLauncher:
             except subprocess.TimeoutExpired:
                 self._log.warning("service_kill", name=child.spec.name, pid=child.process.pid)
         for child in self._children:  # the whole tree: torchrun's ranks, vLLM's engine processes
-            _kill_tree(child.process.pid)
+            kill_tree(child.process.pid)
             _wait(child.process, 5)
         if alive:
             self._log.info("services_stopped", names=[c.spec.name for c in alive])
@@ -199,7 +199,7 @@ def _wait(process: subprocess.Popen | AdoptedProcess, timeout_s: float) -> None:
         pass
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
     """SIGKILL the process, its group, and every descendant with its group (torchrun starts its
     ranks in sessions of their own)."""
     for member in [*descendants(pid), pid]:

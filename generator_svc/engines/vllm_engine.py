@@ -497,6 +497,8 @@ def _build_async_llm(settings: GeneratorSettings,
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.executor import Executor
 
+    from generator_svc.engines.parent_watch import executor_exiting_with_parent
+
     memory = memory_args(settings, current_platform.device_type)
     on_cpu = current_platform.device_type == "cpu"
     capture = settings.return_routed_experts and on_cpu
@@ -517,14 +519,16 @@ def _build_async_llm(settings: GeneratorSettings,
         distributed_executor_backend=str(settings.distributed_executor_backend),  # the plain str vLLM validates
         tensor_parallel_size=settings.tensor_parallel_size, pipeline_parallel_size=settings.pipeline_parallel_size,
         worker_extension_cls=WORKER_EXTENSION, disable_log_stats=True, **memory, **{**extra_args, **extra})
-    # What AsyncLLM.from_engine_args does, with one change on CPU: building the config makes
+    # What AsyncLLM.from_engine_args does, with two changes. On CPU, building the config makes
     # vLLM's CPU platform ask for a spawned engine process; the settings may ask for fork instead.
+    # And the executor starts a watch that makes the engine process exit when this one dies,
+    # even by SIGKILL (engines/parent_watch.py).
     config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
     if on_cpu:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = settings.cpu_engine_start
     _freeze_heap()
-    llm = AsyncLLM(vllm_config=config, executor_class=Executor.get_class(config), log_stats=False,
-                   usage_context=UsageContext.ENGINE_CONTEXT)
+    executor = executor_exiting_with_parent(Executor.get_class(config))
+    llm = AsyncLLM(vllm_config=config, executor_class=executor, log_stats=False, usage_context=UsageContext.ENGINE_CONTEXT)
     grace = CPU_EXIT_GRACE_S if on_cpu else None
     mode = sleep_mode(settings, current_platform.device_type, vllm_sleeps=memory.get("enable_sleep_mode", False))
     return llm, f"vllm {vllm.__version__}", mode, grace, capture

@@ -9,18 +9,26 @@ B's greedy continuation of that prefix from there (checked against Hugging Face)
 they keep A's KV for the tokens before the swap; the test checks the swap did not wait and the
 versions reported. Seeded temperature-1 requests run through the swap too (a preempted seeded
 request is recomputed: vLLM-CPU must not fail on it).
+
+Last, the generator is killed alone (kill -9 of its pid, not of its process group, as the OOM
+killer does) while it generates: vLLM's engine process, and everything else it started, exits by
+itself (generator_svc/engines/parent_watch.py), where it used to run on for good.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
+import psutil
 import pytest
 
 from generator_svc.client import GeneratorClient
 from tandem.generation.types import SamplingConfig
+from tandem.rpc import RpcFailure
 from tandem.weight_sync import WeightSender
 from tests import procs
 from tests.integration.test_generator_service import build_model, hf_greedy, prompts, push
@@ -48,7 +56,7 @@ def generator(request, tmp_path_factory):
                           timeout_s=300)
     client, sender = GeneratorClient(service.address, procs.TOKEN), WeightSender(secret=procs.TOKEN)
     yield {"client": client, "sender": sender, "A": model_a, "B": model_b, "tokenizer": tokenizer,
-           "recompute": request.param}
+           "recompute": request.param, "service": service}
     sender.close()
     client.close()
     service.stop()
@@ -111,3 +119,30 @@ def test_a_push_during_long_completions_applies_at_once(generator):
                                         timeout_s=120), key=lambda c: c.prompt_index)  # B from the first token
     assert all(c.weight_version == 1 for c in fresh)
     assert [list(c.token_ids) for c in fresh] == [hf_greedy(g["B"], p, 8)[0] for p in batch[:2]]
+
+
+def test_killed_alone_mid_generation_its_engine_process_exits_too(generator):
+    service = generator["service"]
+    started_by_it = psutil.Process(service.process.pid).children(recursive=True)  # the engine, the log forwarder
+    engines = [p for p in started_by_it if "EngineCore" in " ".join(p.cmdline())]
+    assert len(engines) == 1, [p.cmdline() for p in started_by_it]
+    outcome: list = []
+
+    def generate() -> None:
+        try:
+            outcome.append(list(generator["client"].generate(prompts(generator["tokenizer"], NUM_PROMPTS),
+                                                             SamplingConfig(n=1, temperature=0.0, max_tokens=NEW_TOKENS),
+                                                             timeout_s=120)))
+        except RpcFailure as exc:
+            outcome.append(exc)
+
+    long_call = threading.Thread(target=generate)
+    long_call.start()
+    time.sleep(0.5)
+    os.kill(service.process.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    gone, left = psutil.wait_procs(started_by_it, timeout=30)
+    assert not left, f"still running 30 s after the generator was killed: {[(p.pid, p.name()) for p in left]}"
+    print(f"\nthe generator's {len(gone)} processes exited {time.monotonic() - killed:.1f}s after its kill -9")
+    long_call.join(60)
+    assert outcome and isinstance(outcome[0], RpcFailure), "the kill did not land mid-generation"
