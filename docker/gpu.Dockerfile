@@ -31,7 +31,7 @@ COPY coordinator coordinator
 COPY trainer_svc trainer_svc
 COPY generator_svc generator_svc
 COPY reward_svc reward_svc
-ENV PYTHONPATH=/srv/tandem TANDEM_HOME=/models PYTHONUNBUFFERED=1 HOME=/home/tandem
+ENV PYTHONPATH=/srv/tandem TANDEM_HOME=/models PYTHONUNBUFFERED=1 THP_MEM_ALLOC_ENABLE=1 HOME=/home/tandem
 USER 1000:1000
 ENTRYPOINT []
 CMD ["python", "-m", "coordinator.cli.container", "coordinator"]

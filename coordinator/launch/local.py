@@ -19,6 +19,7 @@ console) what the run is waiting for while a service it needs is missing.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -34,11 +35,13 @@ from coordinator.membership.server import CoordinatorServer
 from coordinator.membership.services import Services
 from coordinator.membership.status import RunStatus
 from coordinator.membership.vitals import process_vitals
+from tandem.host_memory import huge_pages_env
 from tandem.kinds import ServiceKind
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
     "PYTHONUNBUFFERED": "1",
+    **huge_pages_env(os.environ),
 }
 
 

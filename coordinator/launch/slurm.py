@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.config import ExperimentConfig
+from tandem.host_memory import HUGE_PAGES_VAR
 
 ADDRESS_FILE = "coordinator"  # <run>/slurm/coordinator: HOST:PORT of the running coordinator
 
@@ -161,6 +162,7 @@ def _environment(options: Options) -> list[str]:
         f"export TANDEM_CONFIG={q(str(config))}",
         f"export TANDEM_OVERRIDES={q(shlex.join(options.overrides))}",
         'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHONUNBUFFERED=1',
+        f'export {HUGE_PAGES_VAR}="${{{HUGE_PAGES_VAR}:-1}}"  # huge pages for tensors (tandem/host_memory.py)',
     ]
 
 
