@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -41,8 +41,14 @@ from tandem.kinds import ServiceKind
 CHILD_ENV = {  # each service's threads: specs.service_threads
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # reliable torchrun restarts over gloo (notes/distributed-cpu)
     "PYTHONUNBUFFERED": "1",
-    **huge_pages_env(os.environ),
 }
+
+
+def child_env(token: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What every launched service's environment gets on top of `environ` (this process's, read
+    when the run starts): the run's token, CHILD_ENV, and huge pages for torch's tensors unless
+    `environ` chose (tandem/host_memory.py)."""
+    return {"TANDEM_TOKEN": token, **CHILD_ENV, **huge_pages_env(environ)}
 
 
 def _previous_port(run_dir: Path) -> int:
@@ -84,7 +90,7 @@ class LocalCluster:
         self.server = CoordinatorServer(self.registry, self.status, host=cfg.cluster.host,
                                         port=(_previous_port(run_dir) if adopt else 0) or cfg.cluster.port,
                                         token=token, log=log)
-        self.launcher = LocalLauncher(run_dir / "logs", {"TANDEM_TOKEN": token, **CHILD_ENV}, log,
+        self.launcher = LocalLauncher(run_dir / "logs", child_env(token, os.environ), log,
                                       state_file=run_dir / "services.json")
         self.services = Services(self.registry, token, log)
         self.token = token

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coordinator.launch.local import CHILD_ENV
+from coordinator.launch.local import child_env
 from tandem.host_memory import HUGE_PAGES_VAR, huge_pages_env
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -25,7 +25,8 @@ print(re.search(r"AnonHugePages:\\s+(\\d+) kB", open("/proc/self/smaps_rollup").
 def test_services_ask_for_huge_pages_unless_the_environment_chose():
     assert huge_pages_env({}) == {HUGE_PAGES_VAR: "1"}
     assert huge_pages_env({HUGE_PAGES_VAR: "0"}) == {}  # the user's choice passes through untouched
-    assert CHILD_ENV.get(HUGE_PAGES_VAR) == ("1" if HUGE_PAGES_VAR not in os.environ else None)
+    assert child_env("t", {})[HUGE_PAGES_VAR] == "1"  # what a locally launched service starts with
+    assert HUGE_PAGES_VAR not in child_env("t", {HUGE_PAGES_VAR: "0"})  # the launcher passes os.environ's on
 
 
 def _huge_kib(value: str | None) -> int:

