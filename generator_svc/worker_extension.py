@@ -48,6 +48,7 @@ from generator_svc.moe_repack import repack_moe_experts
 from generator_svc.route_capture import RouteCapture
 from generator_svc.staging import Stager
 from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
+from tandem.host_memory import release_free_memory
 from tandem.weight_source import CollectiveSource, source_from_json
 
 STAGE = "tandem_stage"
@@ -152,8 +153,11 @@ class TandemWeightExtension:
         return {"applied": applied, **self._tandem_last_load}
 
     def tandem_free_weights(self) -> dict:
-        """Free the model's weights until the next load (generator_svc/free_weights.py); returns what was freed."""
-        return free_weights(self.model_runner.get_model(), freeable_methods())
+        """Free the model's weights until the next load (generator_svc/free_weights.py) and hand the
+        memory to the kernel for the trainer (tcmalloc would keep it: tandem/host_memory.py);
+        returns what was freed."""
+        freed = free_weights(self.model_runner.get_model(), freeable_methods())
+        return {**freed, "released_by": release_free_memory()}
 
     def _tandem_load(self, tensors) -> int:
         """Load HF-named `tensors` (an iterator, consumed as vLLM's loader asks for them)."""

@@ -9,12 +9,14 @@ cd "$(dirname "$0")/.."
 # System packages of the compose, multi-host and Slurm tests (tests/compose, tests/multihost,
 # tests/slurm): a Docker engine, debootstrap for the base image, iproute2 for network
 # namespaces, iptables for the chaos test's network partitions (benchmarks/chaos_net.py), Slurm and
-# munge (the tests start their own daemons; none is started here). As root only.
+# munge (the tests start their own daemons; none is started here); and tcmalloc, the allocator the
+# trainer and generators run on (tandem/host_memory.py). As root only.
 if [ "$(id -u)" = 0 ] && { ! command -v dockerd || ! command -v debootstrap || ! command -v ip \
-    || ! command -v iptables-restore || ! command -v slurmctld || ! command -v munged; } >/dev/null; then
+    || ! command -v iptables-restore || ! command -v slurmctld || ! command -v munged \
+    || ! ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4; } >/dev/null 2>&1; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io debootstrap iproute2 \
-    iptables slurm-wlm munge
+    iptables slurm-wlm munge libtcmalloc-minimal4
 fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3

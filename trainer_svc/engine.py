@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.generation.types import SamplingConfig
+from tandem.host_memory import release_free_memory
 from tandem.rpc import FailedPrecondition
 from tandem.weight_sync import BucketPlan, GroupSpec, WeightSender
 from trainer_svc.backends import build_backend
@@ -348,7 +349,12 @@ class TrainerEngine:
             case _ComputeValues(samples, micro_batch_size):
                 return backend.compute_values(samples, micro_batch_size)
             case _TrainStep(samples, loss, global_batch_size, micro_batch_size, learning_rate):
-                return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
+                try:
+                    return backend.train_step(samples, loss, global_batch_size, micro_batch_size, learning_rate)
+                finally:
+                    # the step's freed working set goes back to the kernel before the publish and the
+                    # rollouts need memory (tcmalloc would keep it: tandem/host_memory.py)
+                    release_free_memory()
             case _PublishWeights(group, version, detach):
                 if detach or self._detached.holds(version):  # async GRPO, or a resend of its held copy
                     return self._detached.start(backend.iter_published_tensors() if not self._detached.holds(version)

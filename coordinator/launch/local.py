@@ -35,7 +35,7 @@ from coordinator.membership.server import CoordinatorServer
 from coordinator.membership.services import Services
 from coordinator.membership.status import RunStatus
 from coordinator.membership.vitals import process_vitals
-from tandem.host_memory import huge_pages_env
+from tandem.host_memory import ALLOCATOR_VAR, TCMALLOC, allocator_env, find_tcmalloc, huge_pages_env
 from tandem.kinds import ServiceKind
 
 CHILD_ENV = {  # each service's threads: specs.service_threads
@@ -49,6 +49,21 @@ def child_env(token: str, environ: Mapping[str, str]) -> dict[str, str]:
     when the run starts): the run's token, CHILD_ENV, and huge pages for torch's tensors unless
     `environ` chose (tandem/host_memory.py)."""
     return {"TANDEM_TOKEN": token, **CHILD_ENV, **huge_pages_env(environ)}
+
+
+def tensor_service_env(environ: Mapping[str, str], log) -> dict[str, str]:
+    """What the services that hold tensors (trainer, critic, generators) get on top of child_env:
+    tcmalloc preloaded unless
+    `environ` chose (tandem/host_memory.py); a warning when the host has none. Raises ValueError
+    on a bad TANDEM_MALLOC, before anything starts."""
+    tcmalloc = find_tcmalloc()
+    env = allocator_env(environ, tcmalloc)
+    if tcmalloc is None and environ.get(ALLOCATOR_VAR) != "system":
+        log.warning("tcmalloc_not_found", library=TCMALLOC,
+                    consequence="the trainer and generators use the system's malloc: on CPU their steps and weight "
+                                "updates fault in fresh memory each time (slower; tandem/host_memory.py)",
+                    fix="install it (Debian/Ubuntu: apt-get install libtcmalloc-minimal4) or set TANDEM_MALLOC=system")
+    return env
 
 
 def _previous_port(run_dir: Path) -> int:
@@ -92,6 +107,7 @@ class LocalCluster:
                                         token=token, log=log)
         self.launcher = LocalLauncher(run_dir / "logs", child_env(token, os.environ), log,
                                       state_file=run_dir / "services.json")
+        self.tensor_env = tensor_service_env(os.environ, log) if cfg.cluster.launch.starts_services else {}
         self.services = Services(self.registry, token, log)
         self.token = token
         self.hosted = list(hosted)
@@ -132,6 +148,7 @@ class LocalCluster:
     def _launch(self) -> None:
         """Start the run's services as local children (cluster.launch local)."""
         launch_all(self.cfg, self.model_dir, self.run_dir, self.address, self.launcher, trainer_only=self.trainer_only,
+                   tensor_env=self.tensor_env,
                    trainer_ready=lambda: self.registry.wait_for(
                        lambda members: any(m.kind is ServiceKind.TRAINER for m in members),
                        self.cfg.cluster.startup_timeout_s, check=self.launcher.check))

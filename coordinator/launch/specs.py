@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,11 +138,13 @@ def trainer_starts_first(cfg: ExperimentConfig) -> bool:
 
 def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator: str,
                launcher: LocalLauncher, *, trainer_only: bool = False,
-               trainer_ready: Callable[[], None] | None = None) -> None:
+               trainer_ready: Callable[[], None] | None = None, tensor_env: Mapping[str, str] | None = None) -> None:
     """Start the trainer (torchrun), then, if the algorithm has rollouts, the generators (none when
     the trainer generates itself: policy.generation.backend megatron) and one reward service per task.
     `trainer_ready` waits until the trainer has registered: called before the generators start
-    where they share its GPU (`trainer_starts_first`)."""
+    where they share its GPU (`trainer_starts_first`). `tensor_env`: added to the environment of
+    the services that hold a model's tensors (trainer, critic, generators): the allocator
+    (tandem/host_memory.py)."""
     settings_dir = run_dir / "services"
     settings_dir.mkdir(parents=True, exist_ok=True)
     common = ["--host", cfg.cluster.host, "--coordinator", coordinator]
@@ -153,23 +155,24 @@ def launch_all(cfg: ExperimentConfig, model_dir: str, run_dir: Path, coordinator
         return str(path)
 
     threads, placement = service_threads(cfg), cfg.placement  # each service sees only its own GPUs
+    tensors = dict(tensor_env or {})
     launcher.start(ServiceSpec("trainer", torchrun_module(
         "trainer_svc", cfg.cluster.trainer_ranks, "--settings", write("trainer", trainer_settings(cfg, model_dir)),
-        *common), env=threads.env(ServiceKind.TRAINER) | placement.trainer_env()))
+        *common), env=threads.env(ServiceKind.TRAINER) | placement.trainer_env() | tensors))
     if trainer_only:
         return
     plan = cfg.service_plan  # dpo, rm: no generators and no reward services
     if plan.critic_ranks:  # PPO: the critic is a second trainer, essential like the first
         launcher.start(ServiceSpec("critic", torchrun_module(
             "trainer_svc", plan.critic_ranks, "--settings", write("critic", critic_settings(cfg, model_dir)), *common),
-            env=threads.env(ServiceKind.CRITIC)))
+            env=threads.env(ServiceKind.CRITIC) | tensors))
     if plan.generator_services and trainer_ready is not None and trainer_starts_first(cfg):
         trainer_ready()
     for index in range(plan.generator_services):
         name = f"generator-{index}"
         settings = generator_settings(cfg, model_dir, index, scratch_root(run_dir) / name)
         launcher.start(ServiceSpec(name, python_module("generator_svc", "--settings", write(name, settings), *common),
-                                   env=threads.env(ServiceKind.GENERATOR) | placement.generator_env(index),
+                                   env=threads.env(ServiceKind.GENERATOR) | placement.generator_env(index) | tensors,
                                    essential=False))  # a dead one's requests go to the others (rollout.py)
     for index in range(plan.teacher_services):
         name = f"teacher-{index}"

@@ -1,5 +1,7 @@
-"""Huge pages for torch's CPU tensors (tandem/host_memory.py): the variable every launcher puts in
-a service's environment, and that it does what it is there for on this kernel."""
+"""Host memory (tandem/host_memory.py): huge pages for torch's CPU tensors (the variable every
+launcher puts in a service's environment, and that it does what it is there for on this kernel),
+and tcmalloc for the services that hold tensors (what the local launcher preloads, into which
+services, and that a process started so runs on it and gives freed memory back when asked)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coordinator.launch.local import child_env
-from tandem.host_memory import HUGE_PAGES_VAR, huge_pages_env
+import pytest
+import structlog
+import structlog.testing
+
+from coordinator.config import load_config
+from coordinator.launch.local import child_env, tensor_service_env
+from coordinator.launch.specs import launch_all
+from tandem.host_memory import ALLOCATOR_VAR, HUGE_PAGES_VAR, TCMALLOC, allocator_env, find_tcmalloc, huge_pages_env
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -43,3 +51,81 @@ def test_the_variable_gives_a_tensor_huge_pages_where_the_kernel_lends_them():
     # madvise (Linux's default): huge pages only for memory that asks, which the variable makes torch do
     assert (asked >= 32 << 10) == (mode != "never"), (mode, asked)
     assert (not_asked >= 32 << 10) == (mode == "always"), (mode, not_asked)
+
+
+LIB = "/lib/x/libtcmalloc_minimal.so.4"
+
+
+def test_tensor_services_preload_tcmalloc_unless_the_environment_chose():
+    assert allocator_env({}, LIB) == {"LD_PRELOAD": LIB}
+    assert allocator_env({"LD_PRELOAD": "/a/libfoo.so"}, LIB) == {"LD_PRELOAD": f"{LIB}:/a/libfoo.so"}  # kept, after
+    assert allocator_env({"LD_PRELOAD": "/a/libjemalloc.so.2"}, LIB) == {}  # an allocator of the user's: theirs wins
+    assert allocator_env({ALLOCATOR_VAR: "system"}, LIB) == {}
+    assert allocator_env({}, None) == {}  # none on this host: the system's malloc
+    with pytest.raises(ValueError, match=r"TANDEM_MALLOC='jemalloc': use one of tcmalloc, system"):
+        allocator_env({ALLOCATOR_VAR: "jemalloc"}, LIB)
+
+
+def test_find_tcmalloc_looks_in_the_library_dirs(tmp_path):
+    assert find_tcmalloc([str(tmp_path)]) is None
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / TCMALLOC).write_bytes(b"")
+    assert find_tcmalloc([str(tmp_path / "a"), str(tmp_path / "b")]) == str(tmp_path / "b" / TCMALLOC)
+
+
+class _Launcher:
+    def __init__(self):
+        self.env: dict[str, dict[str, str]] = {}
+
+    def start(self, spec) -> None:
+        self.env[spec.name] = spec.env
+
+
+def test_the_launcher_gives_tcmalloc_to_the_services_that_hold_tensors_only(tmp_path):
+    launcher = _Launcher()
+    launch_all(load_config(), "model", tmp_path, "127.0.0.1:1", launcher, tensor_env={"LD_PRELOAD": LIB})
+    assert sorted(launcher.env) == ["generator-0", "reward-arithmetic", "trainer"]
+    assert launcher.env["trainer"]["LD_PRELOAD"] == launcher.env["generator-0"]["LD_PRELOAD"] == LIB
+    assert "LD_PRELOAD" not in launcher.env["reward-arithmetic"]  # its sandboxes run users' programs
+
+
+# Which allocator serves this process (from its memory map), and whether freed memory goes back:
+# the resident set after freeing 512 MiB and release_free_memory, against before allocating it.
+ALLOCATOR_PROBE = """
+import torch
+from tandem.host_memory import release_free_memory
+def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+before = rss()
+x = [torch.ones(16 << 20) for _ in range(8)]  # 8 x 64 MiB (above glibc's largest mmap threshold), written
+del x
+kept = rss() - before
+released = release_free_memory()
+print("tcmalloc" if "libtcmalloc" in open("/proc/self/maps").read() else "system", released, kept >= 256,
+      rss() - before < 64)
+"""
+
+
+def _probe(env: dict[str, str]) -> str:
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", ALLOCATOR_VAR)}
+    out = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE], env={**base, **env}, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return out.stdout.strip()
+
+
+def test_a_service_started_with_the_launchers_environment_runs_on_tcmalloc():
+    """scripts/setup.sh installs tcmalloc: this host has it. A warning is logged when a host does not."""
+    env = tensor_service_env({}, structlog.get_logger())
+    assert find_tcmalloc() is not None and env["LD_PRELOAD"] == find_tcmalloc(), "apt-get install libtcmalloc-minimal4"
+    # tcmalloc keeps what was freed; release_free_memory gives it back (the trainer after each step)
+    assert _probe(env) == "tcmalloc tcmalloc True True"
+    # glibc gives blocks this large back at once: nothing to release
+    assert _probe(tensor_service_env({ALLOCATOR_VAR: "system"}, structlog.get_logger())) == "system  False True"
+
+
+def test_a_host_without_tcmalloc_is_told_what_to_install(monkeypatch):
+    monkeypatch.setattr("coordinator.launch.local.find_tcmalloc", lambda: None)
+    with structlog.testing.capture_logs() as logs:
+        assert tensor_service_env({}, structlog.get_logger()) == {}
+        assert tensor_service_env({ALLOCATOR_VAR: "system"}, structlog.get_logger()) == {}
+    assert [e["event"] for e in logs] == ["tcmalloc_not_found"]  # once: the second chose the system's
+    assert "apt-get install libtcmalloc-minimal4" in logs[0]["fix"]
