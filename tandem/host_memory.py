@@ -62,6 +62,8 @@ ALLOCATORS = ("tcmalloc", "system")
 TCMALLOC = "libtcmalloc_minimal.so.4"
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/local/lib", "/usr/lib")
 _PRELOADED_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
+RELEASE_AT_LEAST_BYTES = 256 << 20
+"""`release_free_memory` hands memory back only when tcmalloc keeps at least this much free."""
 
 
 def huge_pages_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -90,12 +92,19 @@ def allocator_env(environ: Mapping[str, str], tcmalloc: str | None) -> dict[str,
 
 
 
-def release_free_memory() -> str:
-    """Hand the memory this process freed but its allocator keeps back to the kernel: tcmalloc's
-    ReleaseFreeMemory where it is the allocator, else nothing (glibc's `malloc_trim` made the next
-    reload slower: benchmarks/results/2026-12-02-tcmalloc.md). Returns "tcmalloc" or ""."""
-    release = getattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory", None)
+def release_free_memory(at_least: int = RELEASE_AT_LEAST_BYTES) -> str:
+    """Hand the memory this process freed but tcmalloc keeps back to the kernel, when tcmalloc is
+    the allocator and keeps at least `at_least` bytes free (less is not worth faulting in again:
+    handing back every step of the tiny-model job made its training 70% slower). glibc keeps
+    nothing this large, and its `malloc_trim` made the next reload slower
+    (benchmarks/results/2026-12-02-tcmalloc.md). Returns "tcmalloc" when it released, else ""."""
+    process = ctypes.CDLL(None)
+    release = getattr(process, "MallocExtension_ReleaseFreeMemory", None)
     if release is None:
+        return ""
+    free = ctypes.c_size_t(0)
+    process.MallocExtension_GetNumericProperty(b"tcmalloc.pageheap_free_bytes", ctypes.byref(free))
+    if free.value < at_least:
         return ""
     release()
     return "tcmalloc"
