@@ -44,7 +44,8 @@ hands its free memory back at the end of each train step, and a CPU generator af
 weights for the training (`release_free_memory`): then a whole run's publish phase took 2.5 s and
 its peak fell below glibc's (benchmarks/results/2026-12-02-tcmalloc.md).
 The local launcher preloads tcmalloc into the services that hold tensors (trainer, critic,
-generators) when the host has it (`find_tcmalloc`; Debian/Ubuntu: libtcmalloc-minimal4, which
+generators) of a CPU run (cluster.gpus_per_node 0; GPU runs keep the system's malloc until it is
+measured there) when the host has it (`find_tcmalloc`; Debian/Ubuntu: libtcmalloc-minimal4, which
 scripts/setup.sh installs), unless the environment chose: an LD_PRELOAD that already names an
 allocator, or TANDEM_MALLOC=system. Slurm jobs and the images keep the system's malloc for now.
 """
@@ -52,6 +53,7 @@ allocator, or TANDEM_MALLOC=system. Slurm jobs and the images keep the system's 
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -91,6 +93,13 @@ def allocator_env(environ: Mapping[str, str], tcmalloc: str | None) -> dict[str,
     return {"LD_PRELOAD": ":".join(p for p in (tcmalloc, preload) if p)}
 
 
+@functools.cache
+def _tcmalloc_calls() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+    """tcmalloc's (GetNumericProperty, ReleaseFreeMemory) when it is this process's allocator, else None."""
+    process = ctypes.CDLL(None)
+    release = getattr(process, "MallocExtension_ReleaseFreeMemory", None)
+    return None if release is None else (process.MallocExtension_GetNumericProperty, release)
+
 
 def release_free_memory(at_least: int = RELEASE_AT_LEAST_BYTES) -> str:
     """Hand the memory this process freed but tcmalloc keeps back to the kernel, when tcmalloc is
@@ -98,12 +107,12 @@ def release_free_memory(at_least: int = RELEASE_AT_LEAST_BYTES) -> str:
     handing back every step of the tiny-model job made its training 70% slower). glibc keeps
     nothing this large, and its `malloc_trim` made the next reload slower
     (benchmarks/results/2026-12-02-tcmalloc.md). Returns "tcmalloc" when it released, else ""."""
-    process = ctypes.CDLL(None)
-    release = getattr(process, "MallocExtension_ReleaseFreeMemory", None)
-    if release is None:
+    calls = _tcmalloc_calls()
+    if calls is None:
         return ""
+    get_property, release = calls
     free = ctypes.c_size_t(0)
-    process.MallocExtension_GetNumericProperty(b"tcmalloc.pageheap_free_bytes", ctypes.byref(free))
+    get_property(b"tcmalloc.pageheap_free_bytes", ctypes.byref(free))
     if free.value < at_least:
         return ""
     release()

@@ -53,9 +53,8 @@ def child_env(token: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 def tensor_service_env(environ: Mapping[str, str], log) -> dict[str, str]:
     """What the services that hold tensors (trainer, critic, generators) get on top of child_env:
-    tcmalloc preloaded unless
-    `environ` chose (tandem/host_memory.py); a warning when the host has none. Raises ValueError
-    on a bad TANDEM_MALLOC, before anything starts."""
+    tcmalloc preloaded unless `environ` chose (tandem/host_memory.py); a warning when the host has
+    none. Raises ValueError on a bad TANDEM_MALLOC, before anything starts."""
     tcmalloc = find_tcmalloc()
     env = allocator_env(environ, tcmalloc)
     if tcmalloc is None and environ.get(ALLOCATOR_VAR) != "system":
@@ -107,7 +106,10 @@ class LocalCluster:
                                         token=token, log=log)
         self.launcher = LocalLauncher(run_dir / "logs", child_env(token, os.environ), log,
                                       state_file=run_dir / "services.json")
-        self.tensor_env = tensor_service_env(os.environ, log) if cfg.cluster.launch.starts_services else {}
+        # tcmalloc for a CPU run's trainer and generators; GPU runs keep the system's malloc, where
+        # it was not measured (tandem/host_memory.py)
+        self.tensor_env = (tensor_service_env(os.environ, log)
+                           if cfg.cluster.launch.starts_services and not cfg.cluster.gpus_per_node else {})
         self.services = Services(self.registry, token, log)
         self.token = token
         self.hosted = list(hosted)

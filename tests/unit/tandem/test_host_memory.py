@@ -5,6 +5,7 @@ services, and that a process started so runs on it and gives freed memory back w
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,7 +17,7 @@ import structlog
 import structlog.testing
 
 from coordinator.config import load_config
-from coordinator.launch.local import child_env, tensor_service_env
+from coordinator.launch.local import LocalCluster, child_env, tensor_service_env
 from coordinator.launch.specs import launch_all
 from tandem.host_memory import ALLOCATOR_VAR, HUGE_PAGES_VAR, TCMALLOC, allocator_env, find_tcmalloc, huge_pages_env
 
@@ -89,37 +90,47 @@ def test_the_launcher_gives_tcmalloc_to_the_services_that_hold_tensors_only(tmp_
     assert "LD_PRELOAD" not in launcher.env["reward-arithmetic"]  # its sandboxes run users' programs
 
 
-# Which allocator serves this process (from its memory map), and whether freed memory goes back:
-# the resident set after freeing 512 MiB and release_free_memory, against before allocating it.
+# Which allocator serves this process (from its memory map), and what release_free_memory does
+# after 128 MiB were freed (under its 256 MiB gate: nothing) and after 512 MiB more (it hands
+# them back): the resident set grown since the start, in MiB, after each.
 ALLOCATOR_PROBE = """
-import torch
+import json, torch
 from tandem.host_memory import release_free_memory
-def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
-before = rss()
-x = [torch.ones(16 << 20) for _ in range(8)]  # 8 x 64 MiB (above glibc's largest mmap threshold), written
-del x
-kept = rss() - before
-released = release_free_memory()
-print("tcmalloc" if "libtcmalloc" in open("/proc/self/maps").read() else "system", released, kept >= 256,
-      rss() - before < 64)
+def grown(): return (int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20) - start
+def churn(tensors):  # 64 MiB each (above glibc's largest mmap threshold), written, then freed
+    x = [torch.ones(16 << 20) for _ in range(tensors)]
+    del x
+start = 0
+start = grown()
+churn(2)
+small = release_free_memory(), grown()
+churn(8)
+kept = grown()
+large = release_free_memory(), grown()
+print(json.dumps({"tcmalloc": "libtcmalloc" in open("/proc/self/maps").read(), "small": small, "kept": kept,
+                  "large": large}))
 """
 
 
-def _probe(env: dict[str, str]) -> str:
+def _probe(env: dict[str, str]) -> dict:
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", ALLOCATOR_VAR)}
     out = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE], env={**base, **env}, capture_output=True, text=True,
                          timeout=120, check=True)
-    return out.stdout.strip()
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_a_service_started_with_the_launchers_environment_runs_on_tcmalloc():
     """scripts/setup.sh installs tcmalloc: this host has it. A warning is logged when a host does not."""
     env = tensor_service_env({}, structlog.get_logger())
     assert find_tcmalloc() is not None and env["LD_PRELOAD"] == find_tcmalloc(), "apt-get install libtcmalloc-minimal4"
-    # tcmalloc keeps what was freed; release_free_memory gives it back (the trainer after each step)
-    assert _probe(env) == "tcmalloc tcmalloc True True"
-    # glibc gives blocks this large back at once: nothing to release
-    assert _probe(tensor_service_env({ALLOCATOR_VAR: "system"}, structlog.get_logger())) == "system  False True"
+    probe = _probe(env)
+    assert probe["tcmalloc"]
+    assert probe["small"][0] == "" and probe["small"][1] >= 96  # under the gate: kept for the next step
+    assert probe["kept"] >= 384  # tcmalloc keeps what was freed ...
+    assert probe["large"][0] == "tcmalloc" and probe["large"][1] < 64  # ... until handed back (the trainer, each step)
+    system = _probe(tensor_service_env({ALLOCATOR_VAR: "system"}, structlog.get_logger()))
+    assert not system["tcmalloc"]
+    assert system["kept"] < 64 and system["large"][0] == ""  # glibc gives blocks this large back at once
 
 
 def test_a_host_without_tcmalloc_is_told_what_to_install(monkeypatch):
@@ -129,3 +140,14 @@ def test_a_host_without_tcmalloc_is_told_what_to_install(monkeypatch):
         assert tensor_service_env({ALLOCATOR_VAR: "system"}, structlog.get_logger()) == {}
     assert [e["event"] for e in logs] == ["tcmalloc_not_found"]  # once: the second chose the system's
     assert "apt-get install libtcmalloc-minimal4" in logs[0]["fix"]
+
+
+def test_only_a_cpu_run_preloads_tcmalloc(tmp_path):
+    """GPU runs keep the system's malloc: tcmalloc was measured on CPU runs only."""
+    def tensor_env(*overrides: str) -> dict[str, str]:
+        cfg = load_config(None, ["cluster.host=127.0.0.1", *overrides])
+        return LocalCluster(cfg, "unused-model", tmp_path, "token", structlog.get_logger()).tensor_env
+
+    assert tensor_env()["LD_PRELOAD"] == find_tcmalloc()
+    assert tensor_env("cluster.gpus_per_node=1") == {}
+    assert tensor_env("cluster.launch=external") == {}  # services someone else starts: their environment
