@@ -31,6 +31,11 @@ and memory), each tensor in memory of its own as a trainer's parameters are. The
    with the raw broadcast to the receiver process. From the generator's log: its staging
    (receive) and apply (vLLM's reload) seconds.
 
+Every process runs on the allocator the local launcher gives the trainer and the generators
+(tcmalloc where the host has it; TANDEM_MALLOC=system for glibc's): the benchmark re-runs itself
+with it preloaded. `--baseline-in-place-mb 1` gives the baseline the in-place plan as well, so that
+only the wire's code differs (checksum windows, `--window-mb`, against one checksum per bucket).
+
 It prints the figures and writes them to benchmarks/results/<date>-publish-real-size[-SIZE].md.
 """
 
@@ -356,6 +361,23 @@ def med(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+def _run_on_the_services_allocator(argv: list[str] | None) -> None:
+    """Re-run this benchmark on the allocator the local launcher gives the trainer and the
+    generators (tcmalloc where the host has it, unless TANDEM_MALLOC=system: tandem/host_memory.py),
+    so that its sender, its receiver process and its generator allocate as those services do."""
+    from tandem.host_memory import allocator_env, find_tcmalloc
+
+    env = allocator_env(os.environ, find_tcmalloc())
+    if env:
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])],
+                  {**os.environ, **env})
+
+
+def _allocator() -> str:
+    preload = os.environ.get("LD_PRELOAD", "")
+    return "tcmalloc" if "tcmalloc" in preload else preload or "the system's malloc"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="0.5b", choices=["0.5b", "1.5b", "quick"])
@@ -365,6 +387,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-ref", default="main")
     parser.add_argument("--bucket-mb", type=int, default=256, help="weight_sync_bucket_bytes, both codes")
     parser.add_argument("--in-place-mb", type=float, default=1.0, help="weight_sync_in_place_bytes (this tree)")
+    parser.add_argument("--window-mb", type=float, default=64.0,
+                        help="weight_sync_checksum_window_bytes (this tree; 0: a checksum broadcast per bucket)")
+    parser.add_argument("--baseline-in-place-mb", type=float, default=None,
+                        help="weight_sync_in_place_bytes for the baseline's plan (default: every tensor packed)")
     parser.add_argument("--no-generator", action="store_true")
     parser.add_argument("--generators", nargs="+", choices=sorted(GENERATORS), default=["baseline", "staged", "streamed"],
                         help="which generators to publish to, one after the other")
@@ -372,6 +398,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="skip the generator phase with less memory available (default: 4 + 4x the model's bytes)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
+    _run_on_the_services_allocator(argv)
 
     import torch
 
@@ -389,11 +416,14 @@ def main(argv: list[str] | None = None) -> None:
     if tensors[-1][0] == "lm_head.weight":
         tensors = tensors[:-1]
     shapes = [(n, tuple(t.shape), dtype) for n, t in tensors]
-    plans = {"baseline": base_ws.make_bucket_plan(shapes, args.bucket_mb * MiB),
-             "new": weight_sync.make_bucket_plan(shapes, args.bucket_mb * MiB, int(args.in_place_mb * MiB))}
+    base_in_place = None if args.baseline_in_place_mb is None else int(args.baseline_in_place_mb * MiB)
+    plans = {"baseline": base_ws.make_bucket_plan(shapes, args.bucket_mb * MiB, base_in_place),
+             "new": weight_sync.make_bucket_plan(shapes, args.bucket_mb * MiB, int(args.in_place_mb * MiB),
+                                                 int(args.window_mb * MiB) or None)}
     total = plans["new"].total_bytes
     print(f"{args.size}: {len(tensors)} tensors, {total / MiB:.0f} MiB {args.dtype}; buckets: baseline "
-          f"{len(plans['baseline'].bucket_sizes_bytes)}, this tree {len(plans['new'].bucket_sizes_bytes)}", flush=True)
+          f"{len(plans['baseline'].bucket_sizes_bytes)}, this tree {len(plans['new'].bucket_sizes_bytes)} in "
+          f"{len(plans['new'].windows())} checksum windows; allocator {_allocator()}", flush=True)
 
     ctx = mp.get_context("spawn")
     commands, results = ctx.Queue(), ctx.Queue()
@@ -441,11 +471,14 @@ def main(argv: list[str] | None = None) -> None:
               "", "Written by benchmarks/publish_real_size.py. Command: "
               f"`PYTHONPATH=. .venv/bin/python benchmarks/publish_real_size.py {' '.join(argv or sys.argv[1:])}`".rstrip(),
               "", (f"machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before, {load_after[0]:.1f} "
-              f"after; torch {torch.__version__}"),
+              f"after; torch {torch.__version__}; allocator of every process: {_allocator()}"),
               f"- bytes a publish sends: {total} ({total / MiB:.0f} MiB, {args.dtype}, {len(tensors)} tensors)",
               (f"- buckets: `{args.baseline_ref}` {len(plans['baseline'].bucket_sizes_bytes)} of up to "
-              f"{args.bucket_mb} MiB, every tensor packed; this tree {len(plans['new'].bucket_sizes_bytes)} "
-              f"(tensors of >= {args.in_place_mb:g} MiB alone, sent from their own memory; the rest packed)"),
+              f"{args.bucket_mb} MiB, " + ("every tensor packed" if base_in_place is None else
+                                            f"tensors of >= {args.baseline_in_place_mb:g} MiB alone")
+              + f"; this tree {len(plans['new'].bucket_sizes_bytes)} (tensors of >= {args.in_place_mb:g} MiB "
+              f"alone, sent from their own memory; the rest packed), their checksums in "
+              f"{len(plans['new'].windows())} broadcasts (`--window-mb {args.window_mb:g}`)"),
               "", ("## The wire (sender in this process, the generator's receive code in another; seconds, median "
               f"(min-max) of {args.reps}, interleaved)"), "",
               "| | sender (trainer side) | receiver (staged) | end to end | x raw | of raw's bandwidth |",

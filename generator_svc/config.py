@@ -172,9 +172,11 @@ class GeneratorSettings(VllmSettings):
     """Serve a distillation teacher: announce as kind teacher (scored by the coordinator, never in
     the policy's rotation) and refuse weight updates."""
     stream_weight_updates: bool = True
-    """Load a weight version bucket by bucket while the next buckets arrive (each checked against
-    its checksum first), generation drained meanwhile: receive and apply overlap, and a few buckets
-    are held instead of a whole staged copy. A transfer that fails after its first bucket then
+    """Load a weight version checksum window by window while the next buckets arrive (each
+    window's buckets checked against their checksums first), generation drained meanwhile: receive
+    and apply overlap, and about a window (64 MiB by default, the trainer's
+    weight_sync_checksum_window_bytes) is held instead of a whole staged copy. A transfer that
+    fails after its first window then
     leaves the generator serving nothing until a publish succeeds (the coordinator retries at
     once). Used with one vLLM worker, the weight-sync group and in_flight_weight_updates off;
     otherwise (or off) the version is staged whole, then swapped in."""

@@ -44,8 +44,8 @@ class Stager:
         return _read_cuda_ipc(source, self._device)
 
     def stream(self, source: CollectiveSource, version: int) -> Iterator[tuple[str, torch.Tensor]]:
-        """`version`'s tensors as their buckets arrive and pass their checksums, STREAM_AHEAD
-        buckets received ahead of the one handed out (what is held: those, plus what the caller
+        """`version`'s tensors as their checksum windows arrive and pass, up to STREAM_AHEAD
+        buckets received past the window handed out (what is held: those, plus what the caller
         keeps); raises on any failure, part-way included."""
         return self._collective().iter_receive(source.group, source.rank, version, source.plan, ahead=STREAM_AHEAD)
 

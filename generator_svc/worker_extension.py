@@ -27,9 +27,10 @@ Two steps, so that a failed read never touches the model:
    head, which that reload skips, is re-packed from the new embedding (tied_weights.py).
 
 Or, streamed (RECEIVE_APPLY: one worker, a collective source, generation drained): the reload
-takes each bucket as soon as it arrived and passed its checksum while the next ones arrive, so
-receive and apply overlap and two or three buckets are held instead of the whole version. The
-first bucket is received and checked before the model is touched: a transfer that fails then
+takes each checksum window's buckets as soon as they arrived and passed their checksums while
+the next ones arrive, so receive and apply overlap and about a window is held instead of the
+whole version. The first window is received and checked before the model is touched: a
+transfer that fails then
 leaves the old version serving; one that fails later leaves weights of no version, which the
 engine stops serving (generator_svc/engines/vllm_engine.py).
 """
@@ -126,9 +127,9 @@ class TandemWeightExtension:
 
     def tandem_receive_apply(self, source_json: str, version: int) -> dict:
         """Streamed: receive `version` over the weight-sync group and load each bucket into the
-        model as soon as it arrived and passed its checksum, while the next ones arrive (a single
-        worker, generation paused by the caller). Returns {"applied": number of tensors}, or
-        {"applied": 0, "error": ...} when the transfer failed before its first bucket was whole and
+        model as soon as its checksum window arrived and passed, while the next ones arrive (a
+        single worker, generation paused by the caller). Returns {"applied": number of tensors}, or
+        {"applied": 0, "error": ...} when the transfer failed before its first window was whole and
         checked, the model untouched; raises when it failed later, the model then holding weights
         of no version (the caller stops serving until a publish succeeds)."""
         stager = getattr(self, "_tandem_stager", None)
@@ -139,7 +140,7 @@ class TandemWeightExtension:
             raise TypeError(f"a streamed weight update reads the weight-sync group, not {type(source).__name__}")
         tensors = stager.stream(source, version)
         try:
-            first = next(tensors)  # the header and the first bucket, checked: nothing of the model touched yet
+            first = next(tensors)  # the header and the first window, checked: nothing of the model touched yet
         except StopIteration:
             return {"applied": 0, "error": "the weight version holds no tensors"}
         except Exception as exc:  # noqa: BLE001 - reported to the caller, which keeps serving

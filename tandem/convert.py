@@ -137,11 +137,13 @@ def _repeated(field: FieldDescriptor) -> bool:
 
 def plan_to_pb(plan: BucketPlan) -> common_pb2.BucketPlan:
     return common_pb2.BucketPlan(tensors=[to_pb(common_pb2.TensorSpec, t) for t in plan.tensors],
-                                 bucket_sizes_bytes=list(plan.bucket_sizes_bytes))
+                                 bucket_sizes_bytes=list(plan.bucket_sizes_bytes),
+                                 checksum_window_ends=list(plan.window_ends))
 
 
 def plan_from_pb(pb: common_pb2.BucketPlan) -> BucketPlan:
-    return BucketPlan(tuple(TensorSpec(**from_pb(t)) for t in pb.tensors), tuple(pb.bucket_sizes_bytes))
+    return BucketPlan(tuple(TensorSpec(**from_pb(t)) for t in pb.tensors), tuple(pb.bucket_sizes_bytes),
+                      tuple(pb.checksum_window_ends))
 
 
 def group_to_pb(group: GroupSpec) -> common_pb2.WeightSyncGroup:

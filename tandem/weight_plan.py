@@ -24,19 +24,56 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class BucketPlan:
-    """Where every tensor of a model sits in the byte buckets of a transfer."""
+    """Where every tensor of a model sits in the byte buckets of a transfer, and which buckets
+    share a checksum window.
+
+    `window_ends`: where each checksum window ends (bucket indices, exclusive, ascending, the
+    last one the number of buckets). The checksums of a window's buckets travel together, in one
+    broadcast after its last bucket, and a receiver hands a window's buckets out once that
+    broadcast arrived and matched. Empty: every bucket is a window of its own."""
 
     tensors: tuple[TensorSpec, ...]
     bucket_sizes_bytes: tuple[int, ...]
+    window_ends: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        ends, count = self.window_ends, len(self.bucket_sizes_bytes)
+        if ends and (ends[-1] != count or any(b <= a for a, b in zip((0, *ends), ends))):
+            raise ValueError(f"checksum window ends {list(ends)} must rise strictly and end at the bucket count {count}")
 
     @property
     def total_bytes(self) -> int:
         return sum(self.bucket_sizes_bytes)
 
+    def windows(self) -> list[range]:
+        """The checksum windows, each the range of its buckets' indices, in order."""
+        ends = self.window_ends or tuple(range(1, len(self.bucket_sizes_bytes) + 1))
+        return [range(start, end) for start, end in zip((0, *ends), ends)]
+
     def digest(self) -> int:
-        """A 62-bit digest of the layout, checked by receivers in the header."""
-        text = json.dumps([[t.name, list(t.shape), t.dtype, t.bucket_index, t.offset_bytes] for t in self.tensors])
+        """A 62-bit digest of the layout and its checksum windows, checked by receivers in the header."""
+        text = json.dumps([[t.name, list(t.shape), t.dtype, t.bucket_index, t.offset_bytes] for t in self.tensors]
+                          + [list(self.window_ends)])
         return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+
+
+def checksum_window_ends(bucket_sizes: tuple[int, ...], window_bytes: int | None) -> tuple[int, ...]:
+    """Group consecutive buckets into checksum windows of at least `window_bytes` each (the last
+    may hold fewer; a bucket never splits); None: every bucket a window of its own (`BucketPlan`)."""
+    if window_bytes is None:
+        return ()
+    if window_bytes <= 0:
+        raise ValueError(f"checksum window bytes must be positive (or None), got {window_bytes}")
+    ends: list[int] = []
+    held = 0
+    for index, size in enumerate(bucket_sizes):
+        held += size
+        if held >= window_bytes:
+            ends.append(index + 1)
+            held = 0
+    if held or not ends and bucket_sizes:
+        ends.append(len(bucket_sizes))
+    return tuple(ends)
 
 
 @dataclass(frozen=True)

@@ -86,4 +86,4 @@ def source_from_json(text: str) -> WeightSource:
 
 def plan_from_dict(raw: dict) -> BucketPlan:
     tensors = tuple(TensorSpec(**{**t, "shape": tuple(t["shape"])}) for t in raw["tensors"])
-    return BucketPlan(tensors, tuple(raw["bucket_sizes_bytes"]))
+    return BucketPlan(tensors, tuple(raw["bucket_sizes_bytes"]), tuple(raw.get("window_ends", ())))

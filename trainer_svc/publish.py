@@ -42,7 +42,8 @@ def weight_sync_plan(settings: TrainerSettings, backend: TrainerBackend) -> Buck
     dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
              else getattr(torch, settings.weight_sync_dtype))
     return make_bucket_plan(((name, shape, dtype) for name, shape in backend.published_tensor_shapes.items()),
-                            settings.weight_sync_bucket_bytes, settings.weight_sync_in_place_bytes)
+                            settings.weight_sync_bucket_bytes, settings.weight_sync_in_place_bytes,
+                            settings.weight_sync_checksum_window_bytes)
 
 
 def plan_dtype(plan: BucketPlan) -> torch.dtype:

@@ -305,7 +305,7 @@ class VllmEngine:
 
     async def _swap_streamed(self, source: CollectiveSource, version: int, log: Any) -> int:
         """Receive and apply at once (worker_extension.RECEIVE_APPLY), the calls in flight drained
-        first. A failure before the first bucket was whole and checked keeps the old version
+        first. A failure before the first checksum window was whole and checked keeps the old version
         serving; a later one leaves weights of no version: not served until a publish succeeds."""
         async with self._swap_lock:
             if self._serving and version < self._version:

@@ -290,13 +290,15 @@ def test_a_bucket_corrupted_in_flight_fails_the_publish_and_is_never_served(env)
     assert client.info().weight_version == 1 and check_health(env["service"].address, SERVICE)
     check_matches_hf(client, env["B"], prompts(env["tokenizer"], 2), version=1)  # B, untouched by the bad bytes
 
-    # streamed (stream_weight_updates, the default): buckets are applied as they pass their
-    # checksums, so a bucket corrupted after the first leaves weights of no version, never served
-    plan = plan_for_state_dict(state, torch.float32, bucket_bytes=64 << 10)
-    assert len(plan.bucket_sizes_bytes) > 3
+    # streamed (stream_weight_updates, the default): buckets are applied window by window as they
+    # pass their checksums, so a bucket corrupted after the first window leaves weights of no
+    # version, never served
+    plan = plan_for_state_dict(state, torch.float32, bucket_bytes=64 << 10, checksum_window_bytes=128 << 10)
+    later = plan.windows()[1].start  # the first bucket of the second window
+    assert len(plan.windows()) > 2 and later > 1
     err = _publish_tampered(client, sender, plan, state, epoch=11,
-                            tamper=lambda index, bucket: index == 2 and bucket.__setitem__(0, bucket[0] ^ 0x10))
-    assert err.value.status is Status.UNAVAILABLE and "bucket 2 of" in err.value.details
+                            tamper=lambda index, bucket: index == later and bucket.__setitem__(0, bucket[0] ^ 0x10))
+    assert err.value.status is Status.UNAVAILABLE and f"bucket {later} of" in err.value.details
     assert "serves no version" in err.value.details
     assert not check_health(env["service"].address, SERVICE)
     with pytest.raises(RpcFailure) as err:

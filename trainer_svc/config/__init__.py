@@ -219,6 +219,12 @@ class TrainerSettings(_Strict):
     bucket, none out of it on the generator); smaller ones are packed. null: every tensor packed.
     At Qwen2.5-0.5B's shape the default sends the publish at near a raw broadcast's speed
     (benchmarks/publish_real_size.py)."""
+    weight_sync_checksum_window_bytes: int | None = Field(64 << 20, gt=0)
+    """Consecutive weight-sync buckets of at least this many bytes together share one checksum
+    broadcast, sent after the window's last bucket (null: one per bucket). A generator applies a
+    window once its checksums matched, so a streamed update holds about a window at a time; at the
+    0.5B shape the 194 buckets need 30 checksum broadcasts instead of 194
+    (benchmarks/publish_real_size.py)."""
     weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """dtype the generators receive: the one they serve (the coordinator sets it to the dtype it
     gives them, policy.precision), so they serve what the trainer trains, in as few bytes as that

@@ -139,56 +139,90 @@ def test_complete_synchronizes_the_cuda_stream_after_the_wait(monkeypatch):
 SHAPES = {"embed": (50, 16), "a": (16, 16), "b": (16,), "c": (64, 16), "d": (16, 16), "e": (3,), "head": (50, 16)}
 
 
-class _Group:
-    """A fake group: each broadcast fills its tensor with what the sender sent next (a bucket's
-    checksum, then the bucket)."""
+def _wire(plan, buckets, checksums=None):
+    """What the sender broadcasts, in order: each checksum window's buckets, then its checksums."""
+    checksums = checksums or [bucket_checksum(b) for b in buckets]
+    return [x for window in plan.windows()
+            for x in [*(buckets[i] for i in window), torch.cat([checksums[i] for i in window])]]
 
-    def __init__(self, buckets, log):
+
+class _Group:
+    """A fake group: each broadcast fills its tensor with what the sender sent next (`_wire`)."""
+
+    def __init__(self, plan, buckets, log, checksums=None):
         self.log, self.storages = log, set()
-        self.sent = iter([x for bucket in buckets for x in (bucket_checksum(bucket), bucket)])
+        self.sent = iter(_wire(plan, buckets, checksums))
 
     def broadcast(self, tensors, opts):
         (tensor,) = tensors
         tensor.copy_(next(self.sent))
         if tensor.dtype == torch.int64:
-            return _Work(self.log, "checksum")
+            self.log.append(("post", "checksums"))
+            return _Work(self.log, "checksums")
         self.storages.add(tensor.untyped_storage().data_ptr())
         self.log.append(("post", tensor.numel()))
         return _Work(self.log, tensor.numel())
 
 
-def test_receive_holds_two_bucket_buffers_and_hands_each_bucket_out_only_once_complete(monkeypatch):
-    gen = torch.Generator().manual_seed(1)
+def _packed(seed, **plan_options):
+    gen = torch.Generator().manual_seed(seed)
     state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
-    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048, **plan_options)
+    sent = [b.clone() for _, b in iter_buckets(plan, state.items(), lambda i, size: torch.empty(size, dtype=torch.uint8))]
+    return state, plan, sent
+
+
+@pytest.mark.parametrize("window_bytes", [None, 4096])
+def test_receive_holds_two_bucket_buffers_and_hands_each_bucket_out_only_once_complete(monkeypatch, window_bytes):
+    state, plan, sent = _packed(1, checksum_window_bytes=window_bytes)
     assert len(plan.bucket_sizes_bytes) >= 4
-    packed = iter_buckets(plan, state.items(), lambda i, size: torch.empty(size, dtype=torch.uint8))
-    sent = [bucket.clone() for _, bucket in packed]
     log = []
-    group = _Group(sent, log)
+    group = _Group(plan, sent, log)
     monkeypatch.setattr(weight_sync, "complete",
-                        lambda work, device: work.name == "checksum" or log.append(("complete", work.name)))
-    received = {}
-    for index, bucket, specs in receive_buckets(group, plan, CPU, 5.0):
-        log.append(("yield", index))
-        # the bucket handed out is complete, and at most the next one is posted meanwhile
-        assert sum(e[0] == "complete" for e in log) == index + 1
-        assert sum(e[0] == "post" for e in log) <= index + 2
+                        lambda work, device: work.name == "checksums" or log.append(("complete", work.name)))
+    received, kept = {}, []
+
+    def keep(index, bucket):
+        kept.append(index)  # copied out before its buffer takes the bucket two later is posted
+        assert sum(e[0] == "post" and e[1] != "checksums" for e in log) <= index + 2
+        return bucket.clone()
+
+    windows = {i: window for window in plan.windows() for i in window}
+    for index, bucket, specs in receive_buckets(group, plan, CPU, 5.0, keep=keep):
+        # handed out only once its whole window arrived; at most one bucket posted past that
+        assert sum(e[0] == "complete" for e in log) == windows[index].stop
+        assert sum(e[0] == "post" and e[1] != "checksums" for e in log) <= windows[index].stop + 1
         for t in specs:
             received[t.name] = bucket[t.offset_bytes:t.offset_bytes + t.size_bytes].clone().view(torch.float32)
     assert len(group.storages) == 2  # two buffers on the device whatever the number of buckets
+    assert kept == list(range(len(sent)))
     assert [e for e in log if e[0] == "complete"] == [("complete", s) for s in plan.bucket_sizes_bytes]
     for name, tensor in state.items():
         assert torch.equal(received[name].view(tensor.shape), tensor), name
 
 
-def test_a_streamed_receive_lands_in_fresh_memory_and_posts_a_bounded_number_ahead(monkeypatch):
-    gen = torch.Generator().manual_seed(3)
-    state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
-    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
-    sent = [b.clone() for _, b in iter_buckets(plan, state.items(), lambda i, size: torch.empty(size, dtype=torch.uint8))]
-    log = []
-    group = _Group(sent, log)
+def test_reused_buffers_without_keep_are_refused():
+    _, plan, sent = _packed(1)
+    with pytest.raises(ValueError, match="needs `keep`"):
+        next(receive_buckets(_Group(plan, sent, []), plan, CPU, 5.0))
+
+
+def test_windows_group_buckets_and_their_checksums_go_in_one_broadcast_after_the_last():
+    _, plan, sent = _packed(4, checksum_window_bytes=4096)
+    windows = plan.windows()
+    assert len(windows) < len(sent) and [i for w in windows for i in w] == list(range(len(sent)))
+    assert all(sum(plan.bucket_sizes_bytes[i] for i in w) >= 4096 for w in windows[:-1])
+    assert plan.digest() != make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), 2048).digest()
+    with pytest.raises(ValueError, match="must rise strictly and end at the bucket count"):
+        type(plan)(plan.tensors, plan.bucket_sizes_bytes, (1, 1, len(sent)))
+    with pytest.raises(ValueError, match="must rise strictly and end at the bucket count"):
+        type(plan)(plan.tensors, plan.bucket_sizes_bytes, (1,))
+
+
+@pytest.mark.parametrize("window_bytes", [None, 4096])
+def test_a_streamed_receive_lands_in_fresh_memory_and_posts_a_bounded_number_ahead(monkeypatch, window_bytes):
+    _, plan, sent = _packed(3, checksum_window_bytes=window_bytes)
+    group = _Group(plan, sent, [])
     monkeypatch.setattr(weight_sync, "complete", lambda work, device: None)
     made = []
 
@@ -196,34 +230,29 @@ def test_a_streamed_receive_lands_in_fresh_memory_and_posts_a_bounded_number_ahe
         made.append(index)
         return torch.empty(size, dtype=torch.uint8)
 
+    windows = {i: window for window in plan.windows() for i in window}
     kept = []
     for index, bucket, _ in receive_buckets(group, plan, CPU, 5.0, into=into, ahead=2):
-        assert made == list(range(min(index + 3, len(sent))))  # this bucket and at most two ahead
+        # this bucket's window and at most two buckets past it
+        assert made == list(range(min(windows[index].stop + 2, len(sent))))
         assert torch.equal(bucket, sent[index])
         kept.append(bucket)
     assert len(group.storages) == len(sent)  # each bucket arrived in the memory handed out: nothing copied
 
 
-def test_a_bucket_that_arrives_corrupted_is_never_handed_out(monkeypatch):
-    gen = torch.Generator().manual_seed(2)
-    state = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
-    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
-    sent = [bucket.clone() for _, bucket in iter_buckets(plan, state.items(),
-                                                         lambda i, size: torch.empty(size, dtype=torch.uint8))]
+@pytest.mark.parametrize("window_bytes", [None, 4096])
+def test_a_bucket_that_arrives_corrupted_is_never_handed_out(monkeypatch, window_bytes):
+    _, plan, sent = _packed(2, checksum_window_bytes=window_bytes)
     checksums = [bucket_checksum(b) for b in sent]
+    (broken,) = [w for w in plan.windows() if 2 in w]
     sent[2][100] ^= 0x01  # one bit flipped in flight, after the sender took its checksum
-
-    class Corrupting(_Group):
-        def __init__(self):
-            super().__init__(sent, [])
-            self.sent = iter([x for c, b in zip(checksums, sent) for x in (c, b)])
-
     monkeypatch.setattr(weight_sync, "complete", lambda work, device: None)
     handed_out = []
+    into = lambda index, size: torch.empty(size, dtype=torch.uint8)
     with pytest.raises(WeightChecksumError, match="bucket 2 of .* of weight version 7 .* arrived corrupted"):
-        for index, _, _ in receive_buckets(Corrupting(), plan, CPU, 5.0, version=7):
+        for index, _, _ in receive_buckets(_Group(plan, sent, [], checksums), plan, CPU, 5.0, into=into, version=7):
             handed_out.append(index)
-    assert handed_out == [0, 1]
+    assert handed_out == list(range(broken.start))  # nothing of the broken bucket's window
 
 
 def test_checksum_changes_with_any_one_word_and_costs_one_read():

@@ -59,8 +59,10 @@ def _bad_version(address, plan, queue):
 
 
 def test_broadcast_to_two_receivers_between_processes():
-    state = {"w": torch.randn(33, 7), "b": torch.randn(5).double(), "i": torch.arange(4)}
-    plan = plan_for_state_dict(state, bucket_bytes=512)
+    state = {"w": torch.randn(33, 7), "b": torch.randn(5).double(), "i": torch.arange(4), "u": torch.randn(60),
+             "v": torch.randn(9, 9)}
+    plan = plan_for_state_dict(state, bucket_bytes=512, checksum_window_bytes=600)
+    assert 1 < len(plan.windows()) < len(plan.bucket_sizes_bytes)  # a window of several buckets, and several windows
     sender = WeightSender()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/common/v1/common.proto\x12\x10tandem.common.v1\"x\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x14\n\x0c\x62ucket_index\x18\x04 \x01(\x05\x12\x14\n\x0coffset_bytes\x18\x05 \x01(\x03\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\"W\n\nBucketPlan\x12-\n\x07tensors\x18\x01 \x03(\x0b\x32\x1c.tandem.common.v1.TensorSpec\x12\x1a\n\x12\x62ucket_sizes_bytes\x18\x02 \x03(\x03\"x\n\x0fWeightSyncGroup\x12\x15\n\rstore_address\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x14\n\x0c\x65poch_secret\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x15\n\rop_timeout_ms\x18\x05 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtandem/common/v1/common.proto\x12\x10tandem.common.v1\"x\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x14\n\x0c\x62ucket_index\x18\x04 \x01(\x05\x12\x14\n\x0coffset_bytes\x18\x05 \x01(\x03\x12\x12\n\nsize_bytes\x18\x06 \x01(\x03\"u\n\nBucketPlan\x12-\n\x07tensors\x18\x01 \x03(\x0b\x32\x1c.tandem.common.v1.TensorSpec\x12\x1a\n\x12\x62ucket_sizes_bytes\x18\x02 \x03(\x03\x12\x1c\n\x14\x63hecksum_window_ends\x18\x03 \x03(\x03\"x\n\x0fWeightSyncGroup\x12\x15\n\rstore_address\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x14\n\x0c\x65poch_secret\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x15\n\rop_timeout_ms\x18\x05 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORSPEC']._serialized_start=51
   _globals['_TENSORSPEC']._serialized_end=171
   _globals['_BUCKETPLAN']._serialized_start=173
-  _globals['_BUCKETPLAN']._serialized_end=260
-  _globals['_WEIGHTSYNCGROUP']._serialized_start=262
-  _globals['_WEIGHTSYNCGROUP']._serialized_end=382
+  _globals['_BUCKETPLAN']._serialized_end=290
+  _globals['_WEIGHTSYNCGROUP']._serialized_start=292
+  _globals['_WEIGHTSYNCGROUP']._serialized_end=412
 # @@protoc_insertion_point(module_scope)

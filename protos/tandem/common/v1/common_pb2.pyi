@@ -23,12 +23,14 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., bucket_index: _Optional[int] = ..., offset_bytes: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class BucketPlan(_message.Message):
-    __slots__ = ("tensors", "bucket_sizes_bytes")
+    __slots__ = ("tensors", "bucket_sizes_bytes", "checksum_window_ends")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     BUCKET_SIZES_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_WINDOW_ENDS_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     bucket_sizes_bytes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_sizes_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
+    checksum_window_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., bucket_sizes_bytes: _Optional[_Iterable[int]] = ..., checksum_window_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WeightSyncGroup(_message.Message):
     __slots__ = ("store_address", "epoch", "epoch_secret", "world_size", "op_timeout_ms")
