@@ -391,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="weight_sync_checksum_window_bytes (this tree; 0: a checksum broadcast per bucket)")
     parser.add_argument("--baseline-in-place-mb", type=float, default=None,
                         help="weight_sync_in_place_bytes for the baseline's plan (default: every tensor packed)")
+    parser.add_argument("--baseline-window-mb", type=float, default=None,
+                        help="checksum windows for the baseline's plan, where its code has them (default: none)")
     parser.add_argument("--no-generator", action="store_true")
     parser.add_argument("--generators", nargs="+", choices=sorted(GENERATORS), default=["baseline", "staged", "streamed"],
                         help="which generators to publish to, one after the other")
@@ -417,12 +419,13 @@ def main(argv: list[str] | None = None) -> None:
         tensors = tensors[:-1]
     shapes = [(n, tuple(t.shape), dtype) for n, t in tensors]
     base_in_place = None if args.baseline_in_place_mb is None else int(args.baseline_in_place_mb * MiB)
-    plans = {"baseline": base_ws.make_bucket_plan(shapes, args.bucket_mb * MiB, base_in_place),
+    base_window = {} if args.baseline_window_mb is None else {"checksum_window_bytes": int(args.baseline_window_mb * MiB)}
+    plans = {"baseline": base_ws.make_bucket_plan(shapes, args.bucket_mb * MiB, base_in_place, **base_window),
              "new": weight_sync.make_bucket_plan(shapes, args.bucket_mb * MiB, int(args.in_place_mb * MiB),
                                                  int(args.window_mb * MiB) or None)}
     total = plans["new"].total_bytes
     print(f"{args.size}: {len(tensors)} tensors, {total / MiB:.0f} MiB {args.dtype}; buckets: baseline "
-          f"{len(plans['baseline'].bucket_sizes_bytes)}, this tree {len(plans['new'].bucket_sizes_bytes)} in "
+          f"{len(plans['baseline'].bucket_sizes_bytes)} in {len(plans['baseline'].windows())} checksum windows, this tree {len(plans['new'].bucket_sizes_bytes)} in "
           f"{len(plans['new'].windows())} checksum windows; allocator {_allocator()}", flush=True)
 
     ctx = mp.get_context("spawn")
