@@ -223,7 +223,7 @@ class TrainerSettings(_Strict):
     """Consecutive weight-sync buckets of at least this many bytes together share one checksum
     broadcast, sent after the window's last bucket (null: one per bucket). A generator applies a
     window once its checksums matched, so a streamed update holds about a window at a time; at the
-    0.5B shape the 194 buckets need 30 checksum broadcasts instead of 194
+    0.5B shape the 194 buckets need 20 checksum broadcasts instead of 194
     (benchmarks/publish_real_size.py)."""
     weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """dtype the generators receive: the one they serve (the coordinator sets it to the dtype it
