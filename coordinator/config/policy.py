@@ -113,9 +113,11 @@ class GenerationConfig(Section):
     """The vLLM engine's settings (generator_svc.config.VllmSettings)."""
     free_weights_while_training: bool | None = None
     """CPU generators free their copy of the model after the rollouts and the next publish loads it
-    anew (tandem/colocation.py), so the trainer's step has that memory (2.5 GiB at Qwen2.5-0.5B's
-    shape in float32; the publish's work is the same either way). Unset: on for synchronous runs on
-    CPU machines (cluster.gpus_per_node 0); async GRPO generates while the trainer trains and cannot."""
+    anew (tandem/colocation.py), so the trainer's step has that memory (at Qwen2.5-0.5B's shape in
+    float32 the whole run's peak was 3.8 GiB lower; each reload then faults its memory in again, so
+    the publish took 2.9 s against 2.2 s: benchmarks/results/2026-12-02-checksum-windows.md). Unset:
+    on for synchronous runs on CPU machines (cluster.gpus_per_node 0); async GRPO generates while
+    the trainer trains and cannot."""
     mcore_generation_config: MegatronGenerationConfig = MegatronGenerationConfig()
     """The trainer's own generation (backend: megatron)."""
 

@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.integration,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
 
 BUCKET = 4 << 20
+WINDOW = 2 * BUCKET  # the checksums of two buckets in one broadcast, as the trainer groups them (64 MiB)
 
 
 def _state():
@@ -25,7 +26,7 @@ def _state():
 
 def _receive(address, epoch, die, queue):
     torch.cuda.set_device(1)
-    plan = plan_for_state_dict(_state(), bucket_bytes=BUCKET)
+    plan = plan_for_state_dict(_state(), bucket_bytes=BUCKET, checksum_window_bytes=WINDOW)
     receiver = WeightReceiver(device=torch.device("cuda", 1), stage_device=torch.device("cpu"))
     if die:  # join the group, take the header, then vanish mid-transfer
         from tandem import weight_sync
@@ -53,7 +54,7 @@ def _run_receiver(ctx, address, epoch, die, queue):
 def test_nccl_transfer_is_complete_on_return_and_bounded_on_the_receiver_device():
     torch.cuda.set_device(0)
     state = _state()
-    plan = plan_for_state_dict(state, bucket_bytes=BUCKET)
+    plan = plan_for_state_dict(state, bucket_bytes=BUCKET, checksum_window_bytes=WINDOW)
     sender = WeightSender(device=torch.device("cuda", 0))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -77,7 +78,7 @@ def test_nccl_transfer_is_complete_on_return_and_bounded_on_the_receiver_device(
 def test_a_receiver_dying_mid_publish_raises_in_the_sender_which_goes_on_with_a_new_epoch():
     torch.cuda.set_device(0)
     state = {n: t.cuda() for n, t in _state().items()}
-    plan = plan_for_state_dict(state, bucket_bytes=BUCKET)
+    plan = plan_for_state_dict(state, bucket_bytes=BUCKET, checksum_window_bytes=WINDOW)
     sender = WeightSender(device=torch.device("cuda", 0))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
