@@ -144,7 +144,9 @@ def replace_settings(settings: GeneratorSettings, **changes) -> GeneratorSetting
 def _sources():
     import torch
 
-    plan = make_bucket_plan([("a.weight", (3, 4), torch.float32), ("b.bias", (5,), torch.bfloat16)], bucket_bytes=48)
+    plan = make_bucket_plan([("a.weight", (3, 4), torch.float32), ("b.bias", (5,), torch.bfloat16)], bucket_bytes=48,
+                            checksum_window_bytes=64)
+    assert plan.window_ends  # the checksum windows make the trip too
     group = GroupSpec("127.0.0.1:1234", 3, "s3cret", 4, 12.5)
     handles = tuple(bytes([i, 0, 255]) for i in range(len(plan.bucket_sizes_bytes)))
     return [CollectiveSource(group, 2, plan), SharedMemorySource("/dev/shm/tandem-0/v3"), CudaIpcSource(handles, plan)]

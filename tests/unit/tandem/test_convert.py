@@ -36,7 +36,8 @@ def test_a_loss_config_round_trips_with_its_own_spellings_and_unset_optionals():
 
 
 def test_nested_messages_are_copied_in_and_must_be_converted_by_hand_out():
-    plan = make_bucket_plan([("w", (2, 3), torch.float32)])
+    plan = make_bucket_plan([("w", (2, 3), torch.float32)], checksum_window_bytes=1 << 20)
+    assert plan.window_ends == (1,)  # survives the trip below
     info = TrainerInfo("m", "fp", TrainingBackend.MEGATRON, 2, "cpu", "127.0.0.1:1", plan, 6, 3)
     message = to_pb(pb.GetInfoResponse, info, backend="megatron", bucket_plan=plan_to_pb(plan))
     assert message.backend == pb.BACKEND_MEGATRON and plan_from_pb(message.bucket_plan) == plan
