@@ -431,8 +431,9 @@ def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.de
             posted[wire[next_op]] = (tensor, broadcast(group, tensor, timeout_s))
             next_op += 1
 
-    ahead = 1 if not own else len(sizes) if ahead is None else max(1, ahead)
-    post_through(ahead if not own else 0)
+    ahead = len(sizes) if ahead is None else max(1, ahead)  # with memory of its own per bucket
+    if not own:
+        post_through(1)  # the first bucket; each next one once the one before it arrived
     for w, window in enumerate(windows):
         if own:
             post_through(window.stop + ahead)
@@ -448,18 +449,25 @@ def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.de
             del bucket
         expected, work = posted.pop((w, _CHECKSUMS))
         complete(work, device)
-        got = torch.cat(sums)
-        if not torch.equal(got, expected):
-            bad = int((got != expected).nonzero()[0, 0])
-            index = window.start + bad
-            named = "" if version is None else f" of weight version {version}"
-            raise WeightChecksumError(
-                f"bucket {index} of {len(sizes)}{named} ({sizes[index]} bytes) arrived corrupted: its bytes sum to "
-                f"{int(got[bad].item())}, the sender's checksum is {int(expected[bad].item())}; nothing of its "
-                "checksum window or later ones is handed out, and the publish fails")
+        _check_window(window, torch.cat(sums), expected, sizes, version)
         for index, bucket in zip(window, kept):
             yield index, bucket, by_bucket.get(index, [])
         del kept
+
+
+def _check_window(window: range, got: torch.Tensor, expected: torch.Tensor, sizes: tuple[int, ...],
+                  version: int | None) -> None:
+    """Raise WeightChecksumError, naming the first bad bucket, unless the checksums of `window`'s
+    buckets as they arrived (`got`) are the sender's (`expected`)."""
+    if torch.equal(got, expected):
+        return
+    bad = int((got != expected).nonzero()[0, 0])
+    index = window.start + bad
+    named = "" if version is None else f" of weight version {version}"
+    raise WeightChecksumError(
+        f"bucket {index} of {len(sizes)}{named} ({sizes[index]} bytes) arrived corrupted: its bytes sum to "
+        f"{int(got[bad].item())}, the sender's checksum is {int(expected[bad].item())}; nothing of its checksum "
+        "window or later ones is handed out, and the publish fails")
 
 
 def iter_plan_tensors(plan: BucketPlan, state: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
