@@ -174,8 +174,8 @@ class GeneratorSettings(VllmSettings):
     stream_weight_updates: bool = True
     """Load a weight version checksum window by window while the next buckets arrive (each
     window's buckets checked against their checksums first), generation drained meanwhile: receive
-    and apply overlap, and about a window (64 MiB by default, the trainer's
-    weight_sync_checksum_window_bytes) is held instead of a whole staged copy. A transfer that
+    and apply overlap, and about two windows (64 MiB each by default, the trainer's
+    weight_sync_checksum_window_bytes) are held instead of a whole staged copy. A transfer that
     fails after its first window then
     leaves the generator serving nothing until a publish succeeds (the coordinator retries at
     once). Used with one vLLM worker, the weight-sync group and in_flight_weight_updates off;

@@ -25,7 +25,7 @@ from tandem.weight_sync import WeightReceiver
 
 HOST = torch.device("cpu")
 STREAM_AHEAD = 2
-"""Buckets a streamed receive keeps posted ahead of the one being applied."""
+"""Buckets a streamed receive keeps posted past the checksum window after the one being applied."""
 
 
 class Stager:
@@ -44,8 +44,8 @@ class Stager:
         return _read_cuda_ipc(source, self._device)
 
     def stream(self, source: CollectiveSource, version: int) -> Iterator[tuple[str, torch.Tensor]]:
-        """`version`'s tensors as their checksum windows arrive and pass, up to STREAM_AHEAD
-        buckets received past the window handed out (what is held: those, plus what the caller
+        """`version`'s tensors as their checksum windows arrive and pass, the next window and
+        STREAM_AHEAD buckets past it received meanwhile (what is held: those, plus what the caller
         keeps); raises on any failure, part-way included."""
         return self._collective().iter_receive(source.group, source.rank, version, source.plan, ahead=STREAM_AHEAD)
 

@@ -28,8 +28,8 @@ Two steps, so that a failed read never touches the model:
 
 Or, streamed (RECEIVE_APPLY: one worker, a collective source, generation drained): the reload
 takes each checksum window's buckets as soon as they arrived and passed their checksums while
-the next ones arrive, so receive and apply overlap and about a window is held instead of the
-whole version. The first window is received and checked before the model is touched: a
+the next window arrives, so receive and apply overlap and about two windows are held instead
+of the whole version. The first window is received and checked before the model is touched: a
 transfer that fails then
 leaves the old version serving; one that fails later leaves weights of no version, which the
 engine stops serving (generator_svc/engines/vllm_engine.py).

@@ -342,10 +342,10 @@ class WeightReceiver:
         window arrived whole and matched; raises on any failure (`WeightChecksumError`: a corrupted
         bucket), and the group is dropped then, or when the caller stops early.
 
-        On CPU the tensors are views of memory of their own bucket, posted up to `ahead` buckets
-        past the checksum window handed out (None: every bucket at once); with `ahead`, memory the
-        caller has let go of is all that stays, so a caller that applies each tensor and drops it
-        holds about a window and `ahead` buckets at a time."""
+        On CPU the tensors are views of memory of their own bucket, posted through the checksum
+        window after the one handed out and `ahead` buckets past it (None: every bucket at once);
+        with `ahead`, memory the caller has let go of is all that stays, so a caller that applies
+        each tensor and drops it holds about two windows and `ahead` buckets at a time."""
         completed = False
         try:
             yield from self._iter_receive(spec, rank, version, plan, ahead)
@@ -398,8 +398,8 @@ def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.de
     the version in its message). While the caller handles a window, later buckets are posted.
 
     `into(index, size)` gives the memory bucket `index` arrives in (the caller keeps it), and
-    buckets up to `ahead` past the window handed out are posted meanwhile (None: every bucket at
-    once, so the sender never waits for a receive to be posted). None: two reused buffers on
+    while a window is handed out the next one is posted whole, and `ahead` buckets past it (None:
+    every bucket at once, so the sender never waits for a receive to be posted). None: two reused buffers on
     `device`, one bucket posted ahead, and `keep` is then required. `keep(index, bytes)` runs as
     each bucket completes, before its memory can be refilled; what it returns (a copy, where the
     buffers are reused) is what is handed out. Either way a bucket is checksummed where it landed."""
@@ -435,8 +435,8 @@ def receive_buckets(group: dist.ProcessGroup, plan: BucketPlan, device: torch.de
     if not own:
         post_through(1)  # the first bucket; each next one once the one before it arrived
     for w, window in enumerate(windows):
-        if own:
-            post_through(window.stop + ahead)
+        if own:  # the next window whole as well, so the wire fills it while the caller applies this one
+            post_through((windows[w + 1] if w + 1 < len(windows) else window).stop + ahead)
         kept: list[torch.Tensor] = []
         sums: list[torch.Tensor] = []
         for index in window:

@@ -222,7 +222,7 @@ class TrainerSettings(_Strict):
     weight_sync_checksum_window_bytes: int | None = Field(64 << 20, gt=0)
     """Consecutive weight-sync buckets of at least this many bytes together share one checksum
     broadcast, sent after the window's last bucket (null: one per bucket). A generator applies a
-    window once its checksums matched, so a streamed update holds about a window at a time; at the
+    window once its checksums matched, so a streamed update holds about two windows at a time; at the
     0.5B shape the 194 buckets need 20 checksum broadcasts instead of 194
     (benchmarks/publish_real_size.py)."""
     weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
