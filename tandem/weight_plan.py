@@ -51,9 +51,10 @@ class BucketPlan:
         return [range(start, end) for start, end in zip((0, *ends), ends)]
 
     def digest(self) -> int:
-        """A 62-bit digest of the layout and its checksum windows, checked by receivers in the header."""
-        text = json.dumps([[t.name, list(t.shape), t.dtype, t.bucket_index, t.offset_bytes] for t in self.tensors]
-                          + [list(self.window_ends)])
+        """A 62-bit digest of the layout and its checksum windows, checked by receivers in the header
+        (a plan of one window per bucket digests as before windows existed)."""
+        layout = [[t.name, list(t.shape), t.dtype, t.bucket_index, t.offset_bytes] for t in self.tensors]
+        text = json.dumps(layout + [list(self.window_ends)] if self.window_ends else layout)
         return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
 
 
