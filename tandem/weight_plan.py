@@ -72,8 +72,8 @@ def checksum_window_ends(bucket_sizes: tuple[int, ...], window_bytes: int | None
         if held >= window_bytes:
             ends.append(index + 1)
             held = 0
-    if held or not ends and bucket_sizes:
-        ends.append(len(bucket_sizes))
+    if bucket_sizes and (not ends or ends[-1] != len(bucket_sizes)):
+        ends.append(len(bucket_sizes))  # the last window, short of window_bytes
     return tuple(ends)
 
 

@@ -3,6 +3,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
+from tandem.weight_plan import checksum_window_ends
 from tandem.weight_sync import (
     GroupSpec,
     WeightReceiver,
@@ -33,6 +34,15 @@ def test_sender_buffers_fit_the_buckets_they_take():
     assert plan.bucket_sizes_bytes == (128, 64, 128)
     assert send_buffer_sizes(plan) == [128, 64]  # buckets 0 and 2 share the first, bucket 1 the second
     assert send_buffer_sizes(make_bucket_plan([("a", (10,), torch.uint8)])) == [64]
+
+
+def test_checksum_windows_close_once_they_hold_enough_bytes():
+    assert checksum_window_ends((10, 10, 10, 5), 20) == (2, 4)  # the last window short of 20 bytes
+    assert checksum_window_ends((30, 10, 20), 20) == (1, 3)  # a bucket never splits
+    assert checksum_window_ends((10, 10), 20) == (2,)
+    assert checksum_window_ends((10, 10), None) == () and checksum_window_ends((), 20) == ()
+    with pytest.raises(ValueError, match="must be positive"):
+        checksum_window_ends((10,), 0)
 
 
 def test_bucket_plan_rejects_bad_size():
