@@ -31,7 +31,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from coordinator.data.tokens import Tokens
 from coordinator.embedded.arithmetic import make_arithmetic_splits, write_jsonl
 from coordinator.embedded.tiny_chat import build_chat_tokenizer, ensure_tiny_chat_model
 from coordinator.loop.gateway import agents as agent_runs
+from coordinator.loop.gateway.service import RolloutGateway
 from generator_svc.client import GeneratorClient
 
 pytestmark = pytest.mark.integration
@@ -295,22 +295,23 @@ def test_an_environment_service_killed_mid_step_costs_its_episodes_a_rerun_never
     task = _use_recipe_agent(ctx, monkeypatch, "agent_guess_game.yaml")
     sampled, trained = _recording(ctx, monkeypatch)
     before = cluster.launcher.pids()[f"reward-{task}"]
-    killed = threading.Event()
+    killed, first = threading.Event(), threading.Lock()
 
-    def kill_mid_episode():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed.is_set():
-            episodes = list(ctx.agents.gateway._episodes.values()) if ctx.agents is not None else []
-            if any(e.turns or e.choices for e in episodes):
+    def killing(call):
+        """The gateway's answer to a model call; the first of the step kills the service before it
+        returns, so that episode (and those beside it) is surely under way. (A thread that polled
+        for an episode with a model call sometimes missed them all under load.)"""
+        def answer(gateway, authorization, body):
+            reply = call(gateway, authorization, body)
+            if first.acquire(blocking=False):
                 os.kill(before, signal.SIGKILL)
                 killed.set()
-                return
-            time.sleep(0.02)
+            return reply
+        return answer
 
-    killer = threading.Thread(target=kill_mid_episode, daemon=True)
-    killer.start()
+    monkeypatch.setattr(RolloutGateway, "chat", killing(RolloutGateway.chat))
+    monkeypatch.setattr(RolloutGateway, "completions", killing(RolloutGateway.completions))
     metrics = grpo_step(ctx, next(STEPS))
-    killer.join(5)
     assert killed.is_set(), "the step ended before any episode made a model call"
     assert metrics["num_samples"] == 16 and metrics["agent/agent_episodes"] == 16, metrics
     assert metrics["agent/episodes_rerun"] >= 1 and metrics["agent/ended_service_lost"] == 0, metrics
