@@ -35,6 +35,8 @@ Every process runs on the allocator the local launcher gives the trainer and the
 (tcmalloc where the host has it; TANDEM_MALLOC=system for glibc's): the benchmark re-runs itself
 with it preloaded. `--baseline-in-place-mb 1` gives the baseline the in-place plan as well, so that
 only the wire's code differs (checksum windows, `--window-mb`, against one checksum per bucket).
+`--flat --in-place-mb 0` sends from one block laid out as this tree's plan, as a one-rank trainer
+keeps its parameters (trainer_svc/publish.py; benchmarks/results/2026-12-02-parameter-block.md).
 
 It prints the figures and writes them to benchmarks/results/<date>-publish-real-size[-SIZE].md.
 """
@@ -385,8 +387,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="the dtype the trainer sends and the generator serves")
     parser.add_argument("--baseline-ref", default="main")
-    parser.add_argument("--bucket-mb", type=int, default=256, help="weight_sync_bucket_bytes, both codes")
-    parser.add_argument("--in-place-mb", type=float, default=1.0, help="weight_sync_in_place_bytes (this tree)")
+    parser.add_argument("--bucket-mb", type=int, default=64, help="weight_sync_bucket_bytes, both codes")
+    parser.add_argument("--in-place-mb", type=float, default=1.0, help="weight_sync_in_place_bytes (this tree); 0: none, as the plan of a trainer whose "
+                             "parameters are one block (with --flat)")
     parser.add_argument("--window-mb", type=float, default=64.0,
                         help="weight_sync_checksum_window_bytes (this tree; 0: a checksum broadcast per bucket)")
     parser.add_argument("--baseline-in-place-mb", type=float, default=None,
@@ -394,6 +397,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-window-mb", type=float, default=None,
                         help="checksum windows for the baseline's plan, where its code has them (default: none)")
     parser.add_argument("--no-generator", action="store_true")
+    parser.add_argument("--flat", action="store_true",
+                        help="the sender's tensors share one block laid out as this tree's plan (a trainer's "
+                             "parameters in one block: TrainerBackend.keep_published_in)")
     parser.add_argument("--generators", nargs="+", choices=sorted(GENERATORS), default=["baseline", "staged", "streamed"],
                         help="which generators to publish to, one after the other")
     parser.add_argument("--min-free-gib", type=float, default=None,
@@ -421,8 +427,14 @@ def main(argv: list[str] | None = None) -> None:
     base_in_place = None if args.baseline_in_place_mb is None else int(args.baseline_in_place_mb * MiB)
     base_window = {} if args.baseline_window_mb is None else {"checksum_window_bytes": int(args.baseline_window_mb * MiB)}
     plans = {"baseline": base_ws.make_bucket_plan(shapes, args.bucket_mb * MiB, base_in_place, **base_window),
-             "new": weight_sync.make_bucket_plan(shapes, args.bucket_mb * MiB, int(args.in_place_mb * MiB),
+             "new": weight_sync.make_bucket_plan(shapes, args.bucket_mb * MiB, int(args.in_place_mb * MiB) or None,
                                                  int(args.window_mb * MiB) or None)}
+    if args.flat:  # the tensors moved into one block laid out as this tree's plan, as a trainer's parameters
+        _, views = weight_sync.plan_block_views(plans["new"])
+        for name, tensor in tensors:
+            views[name].copy_(tensor)
+        tensors = [(name, views[name]) for name, _ in tensors]
+        gc.collect()
     total = plans["new"].total_bytes
     print(f"{args.size}: {len(tensors)} tensors, {total / MiB:.0f} MiB {args.dtype}; buckets: baseline "
           f"{len(plans['baseline'].bucket_sizes_bytes)} in {len(plans['baseline'].windows())} checksum windows, this tree {len(plans['new'].bucket_sizes_bytes)} in "

@@ -9,6 +9,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+DEFAULT_BUCKET_BYTES = 64 << 20
+"""Bytes per weight-sync bucket (`weight_sync_bucket_bytes`). Where a trainer's parameters are one
+block laid out as the plan (trainer_svc/publish.py) every bucket is sent from there: at
+Qwen2.5-0.5B's shape 64 MiB buckets (25) put the wire at 83-88% of a raw broadcast's bandwidth,
+256 MiB ones (7) at 69-84%, 16 MiB ones at 68% (benchmarks/results/2026-12-02-parameter-block.md)."""
+
 
 @dataclass(frozen=True)
 class TensorSpec:

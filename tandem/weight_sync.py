@@ -46,12 +46,11 @@ import torch.distributed as dist
 
 from tandem.stores import SealedStore, serve_store
 from tandem.weight_group import EpochGroup, _split_address, broadcast, complete
-from tandem.weight_plan import BucketPlan, GroupSpec, TensorSpec, checksum_window_ends
+from tandem.weight_plan import DEFAULT_BUCKET_BYTES, BucketPlan, GroupSpec, TensorSpec, checksum_window_ends
 
 __all__ = ["BucketPlan", "GroupSpec", "TensorSpec", "WeightChecksumError", "WeightReceiver", "WeightSender",
            "bucket_checksum", "make_bucket_plan"]
 
-DEFAULT_BUCKET_BYTES = 256 << 20
 DEFAULT_IN_PLACE_BYTES = 1 << 20
 """A tensor this large travels in a bucket of its own, from its own memory (`make_bucket_plan`)."""
 DEFAULT_CHECKSUM_WINDOW_BYTES = 64 << 20
@@ -228,8 +227,9 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
     one is the point): each is packed, in the plan's dtype, as soon as it arrives and dropped,
     so what is held is the bucket being filled plus one tensor, never the whole model.
     `buffer_for(index, size)` hands out the bytes bucket `index` is packed into. With
-    `in_place_device`, a bucket that is exactly one tensor already in the plan's dtype,
-    contiguous and on that device is yielded as that tensor's own bytes (no buffer, no copy).
+    `in_place_device`, a bucket whose tensors all lie, in the plan's dtype and on that device, at
+    their plan offsets of one memory block (a bucket of one tensor: its own memory; a bucket of a
+    `plan_block_views` block) is yielded as that memory's bytes (no buffer, no copy).
 
     A tensor whose name, position or shape is not the plan's raises ValueError before its
     bucket is yielded, and the last bucket is yielded only once `tensors` is exhausted, so a
@@ -242,6 +242,8 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
     position = 0
     for index, size in enumerate(plan.bucket_sizes_bytes):
         buffer = None
+        block = None  # the bucket's bytes over memory every tensor so far lies in, at its plan offset
+        held: list[tuple[TensorSpec, torch.Tensor]] = []  # those tensors: packed after all if one does not
         while position < len(specs) and specs[position].bucket_index == index:
             item = next(source, None)
             if item is None:
@@ -249,18 +251,25 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
                                  f"{specs[position].name!r} and every later one are missing")
             name, tensor = item
             del item
-            _check_against_plan(specs[position], position, positions, name, tensor)
-            if buffer is None and in_place_device is not None and _in_place(specs[position], size, tensor,
-                                                                            in_place_device):
-                buffer = tensor.detach().reshape(-1).view(torch.uint8)
-            else:
-                if buffer is None:
-                    buffer = buffer_for(index, size)
-                _pack(buffer, specs[position], tensor)
-            del tensor  # the next tensor is made after this one is gone
+            spec = specs[position]
+            _check_against_plan(spec, position, positions, name, tensor)
             position += 1
-        if buffer is None:
-            buffer = buffer_for(index, size)  # a bucket without tensors (none are made so)
+            if buffer is None and in_place_device is not None:
+                block = _in_block(block, spec, size, tensor, in_place_device)
+                if block is not None:
+                    held.append((spec, tensor.detach()))
+                    continue
+                buffer = buffer_for(index, size)
+                for held_spec, held_tensor in held:
+                    _pack(buffer, held_spec, held_tensor)
+                held.clear()
+            if buffer is None:
+                buffer = buffer_for(index, size)
+            _pack(buffer, spec, tensor)
+            del tensor  # the next tensor is made after this one is gone
+        if buffer is None:  # the block's own bytes (no buffer, no copy), or a bucket without tensors
+            buffer = block if block is not None else buffer_for(index, size)
+        del block, held
         if index == len(plan.bucket_sizes_bytes) - 1:
             _check_exhausted(source, len(specs))
         yield index, buffer
@@ -269,11 +278,27 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
         _check_exhausted(source, 0)
 
 
-def _in_place(spec: TensorSpec, bucket_size: int, tensor: torch.Tensor, device: torch.device) -> bool:
-    """Whether `tensor` can be broadcast as bucket `spec.bucket_index` from its own memory: it is
-    the whole bucket, in the plan's dtype, contiguous, on the sender's device, 8-byte aligned."""
-    return (spec.offset_bytes == 0 and spec.size_bytes == bucket_size and tensor.dtype == getattr(torch, spec.dtype)
-            and tensor.device == device and tensor.is_contiguous() and tensor.data_ptr() % 8 == 0)
+def _in_block(block: torch.Tensor | None, spec: TensorSpec, bucket_size: int, tensor: torch.Tensor,
+              device: torch.device) -> torch.Tensor | None:
+    """The bucket's bytes over memory the tensors already hold, with `tensor` added, or None when
+    it cannot be broadcast from there: every tensor of it so far (`block`: those bytes) in the
+    plan's dtype, contiguous, on the sender's device, at its plan offset from one 8-byte-aligned
+    start, in one storage that holds the whole bucket. A bucket of one tensor is that tensor's
+    own bytes; a trainer whose parameters share one block laid out as the plan
+    (`plan_block_views`, `TrainerBackend.keep_published_in`) sends every bucket from there."""
+    if not (tensor.dtype == getattr(torch, spec.dtype) and tensor.device == device and tensor.is_contiguous()):
+        return None
+    start = tensor.data_ptr() - spec.offset_bytes
+    storage = tensor.untyped_storage()
+    if block is not None:
+        same = block.data_ptr() == start and block.untyped_storage().data_ptr() == storage.data_ptr()
+        return block if same else None
+    if spec.offset_bytes == 0 and spec.size_bytes == bucket_size:
+        return tensor.detach().reshape(-1).view(torch.uint8) if start % 8 == 0 else None
+    offset = start - storage.data_ptr()
+    if start % 8 or offset < 0 or offset + bucket_size > storage.nbytes():
+        return None
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, offset, (bucket_size,))
 
 
 def _check_against_plan(spec: TensorSpec, position: int, positions: dict[str, int], name: str,
@@ -474,3 +499,19 @@ def iter_plan_tensors(plan: BucketPlan, state: Mapping[str, torch.Tensor]) -> It
     """The tensors of `state` in plan order (what WeightSender.send expects)."""
     for spec in plan.tensors:
         yield spec.name, state[spec.name]
+
+
+def plan_block_views(plan: BucketPlan, device: torch.device | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One block of memory laid out as `plan`'s buckets end to end, and a view of it for each of
+    the plan's tensors (its dtype and shape, at its bucket offset; contents uninitialised). Tensors
+    that live in these views go out from the block itself, every bucket without a copy
+    (`iter_buckets`)."""
+    block = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
+    starts = [0]
+    for size in plan.bucket_sizes_bytes:
+        starts.append(starts[-1] + size)
+    views = {}
+    for spec in plan.tensors:
+        begin = starts[spec.bucket_index] + spec.offset_bytes
+        views[spec.name] = block[begin:begin + spec.size_bytes].view(getattr(torch, spec.dtype)).view(spec.shape)
+    return block, views

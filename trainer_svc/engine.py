@@ -362,7 +362,7 @@ class TrainerEngine:
                 self._detached.forget()
                 return publish_weights(backend.iter_published_tensors(), self._sender, group, version, self._plan)
             case _HoldWeights(version):
-                return self._detached.hold(backend.iter_published_tensors(), version)
+                return self._detached.hold(backend.iter_published_tensors(), version, self._plan)
             case _ExportCudaIpc(version):
                 return self._ipc.export(version, self._plan, backend.iter_published_tensors(), leader=self.is_leader)
             case _ReleaseCudaIpc(version):

@@ -36,6 +36,7 @@ from typing import Protocol
 
 import torch
 
+from tandem.weight_plan import BucketPlan
 from trainer_svc.config import TrainingBackend
 from trainer_svc.held_bytes import HeldBytes
 from trainer_svc.types import LossConfig, Policy, Sample, StepResult
@@ -107,6 +108,14 @@ class TrainerBackend(Protocol):
     def iter_published_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective generator, as `iter_hf_tensors`, of what a weight publish carries (in
         `published_tensor_shapes` order): the HF tensors, or the LoRA adapters alone."""
+        ...
+
+    def keep_published_in(self, plan: BucketPlan) -> bool:
+        """At start, once: move the parameters a publish carries into one block of memory laid out
+        as `plan` (tandem.weight_sync.plan_block_views), when this rank holds every one of them
+        whole, as a plain tensor in the plan's dtype, and yields them as such; returns whether it
+        did. Then every bucket is broadcast from the parameters' own memory (no copy), and a few
+        large buckets carry the model (trainer_svc/publish.py)."""
         ...
 
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:

@@ -39,6 +39,7 @@ from coordinator.config.experiment import ExperimentConfig
 from coordinator.config.loading import ConfigError
 from coordinator.launch.specs import serving_dtype
 from tandem.model_memory import DTYPE_BYTES, ModelShape, kv_cache_bytes
+from tandem.weight_plan import DEFAULT_BUCKET_BYTES
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -50,8 +51,8 @@ GENERATOR_BASE = 1152 * MIB
 measured with the embedded model)."""
 COORDINATOR_BASE = 448 * MIB
 REWARD_BASE = 96 * MIB
-BUCKET_BYTES = 256 << 20
-"""tandem/weight_sync.py DEFAULT_BUCKET_BYTES: the publish's unit."""
+BUCKET_BYTES = DEFAULT_BUCKET_BYTES
+"""The publish's unit (`weight_sync_bucket_bytes`' default)."""
 ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN = 16
 """Saved activations of one decoder layer, per token and hidden unit, in bytes (float32: about
 four tensors of the hidden size kept for the backward, attention and MLP included)."""

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from tandem.weight_plan import DEFAULT_BUCKET_BYTES  # no torch
 from trainer_svc.config.lora import LoraSettings  # pydantic only
 from trainer_svc.config.lora import LoraWeightSync as LoraWeightSync
 from trainer_svc.config.megatron import MegatronSettings  # pydantic only: no torch, no megatron
@@ -210,15 +211,18 @@ class TrainerSettings(_Strict):
     """Megatron-core backend settings (NeMo-RL's `policy.megatron_cfg`)."""
     weight_sync_host: str = "127.0.0.1"
     """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
-    weight_sync_bucket_bytes: int = Field(256 << 20, gt=0)
+    weight_sync_bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, gt=0)
     """Bytes per weight-sync bucket (one broadcast each) of the tensors packed together: the
-    sender holds two (one filling, one on the wire), and so does a generator on a GPU."""
+    sender holds two (one filling, one on the wire; none where its parameters are one block laid
+    out as the plan, trainer_svc/publish.py), and so does a generator on a GPU."""
     weight_sync_in_place_bytes: int | None = Field(1 << 20, gt=0)
     """A tensor of at least this many bytes travels in a weight-sync bucket of its own, broadcast
     straight from its memory when it is already in the dtype the generators serve (no copy into a
     bucket, none out of it on the generator); smaller ones are packed. null: every tensor packed.
-    At Qwen2.5-0.5B's shape the default sends the publish at near a raw broadcast's speed
-    (benchmarks/publish_real_size.py)."""
+    At Qwen2.5-0.5B's shape the default sends the publish at 71-77% of a raw broadcast's
+    bandwidth (benchmarks/publish_real_size.py). Unused where the trainer keeps the published
+    parameters in one block (one rank, training in the generators' dtype: trainer_svc/publish.py),
+    which sends every bucket from their memory."""
     weight_sync_checksum_window_bytes: int | None = Field(64 << 20, gt=0)
     """Consecutive weight-sync buckets of at least this many bytes together share one checksum
     broadcast, sent after the window's last bucket (null: one per bucket). A generator applies a

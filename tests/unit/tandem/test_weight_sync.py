@@ -11,6 +11,7 @@ from tandem.weight_sync import (
     iter_buckets,
     iter_plan_tensors,
     make_bucket_plan,
+    plan_block_views,
     plan_for_state_dict,
     send_buffer_sizes,
 )
@@ -154,6 +155,51 @@ def test_buckets_stream_out_holding_one_bucket_and_one_tensor():
     assert 0 < held.peak <= max(plan.bucket_sizes_bytes) + largest_tensor
     assert held.peak < plan.total_bytes
     assert held.current == 0
+
+
+def _packing_into(packed: list[int]):
+    def buffer_for(index: int, size: int) -> torch.Tensor:
+        packed.append(index)
+        return torch.empty(size, dtype=torch.uint8)
+    return buffer_for
+
+
+def _read(plan, buckets) -> dict[str, torch.Tensor]:
+    return {s.name: buckets[s.bucket_index][s.offset_bytes:s.offset_bytes + s.size_bytes].view(torch.float32)
+            .view(s.shape).clone() for s in plan.tensors}
+
+
+def test_a_bucket_goes_from_a_block_only_while_every_tensor_lies_in_it_at_its_plan_offset():
+    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    assert any(sum(t.bucket_index == b for t in plan.tensors) > 1 for b in range(len(plan.bucket_sizes_bytes)))
+    block, views = plan_block_views(plan)
+    values = dict(_tensors(SHAPES))
+    for name, tensor in values.items():
+        views[name].copy_(tensor)
+    packed: list[int] = []
+    buckets = dict(iter_buckets(plan, ((n, views[n]) for n in SHAPES), _packing_into(packed),
+                                in_place_device=torch.device("cpu")))
+    assert packed == []  # every bucket is the block's own bytes
+    start = block.data_ptr()
+    assert [buckets[i].data_ptr() - start for i in sorted(buckets)] == [
+        sum(plan.bucket_sizes_bytes[:i]) for i in range(len(plan.bucket_sizes_bytes))]
+    assert all(torch.equal(got, values[n]) for n, got in _read(plan, buckets).items())
+
+    # one tensor of a bucket elsewhere (a copy; or later in the block): that bucket is packed, bytes the same
+    second = next(t for t in plan.tensors if t.offset_bytes > 0)
+    moved = {**views, second.name: views[second.name].clone()}
+    packed.clear()
+    buckets = {i: b.clone() for i, b in iter_buckets(plan, ((n, moved[n]) for n in SHAPES), _packing_into(packed),
+                                                      in_place_device=torch.device("cpu"))}
+    assert packed == [second.bucket_index]
+    assert all(torch.equal(got, values[n]) for n, got in _read(plan, buckets).items())
+    first = next(t for t in plan.tensors if t.bucket_index == second.bucket_index)
+    swapped = {**views, first.name: views[first.name].clone()}
+    packed.clear()
+    buckets = {i: b.clone() for i, b in iter_buckets(plan, ((n, swapped[n]) for n in SHAPES), _packing_into(packed),
+                                                      in_place_device=torch.device("cpu"))}
+    assert packed == [second.bucket_index]  # the first one elsewhere: the rest packed with it
+    assert all(torch.equal(got, values[n]) for n, got in _read(plan, buckets).items())
 
 
 def _reorder(items, order):

@@ -62,7 +62,8 @@ def test_bf16_checkpoint_trained_in_fp32_reaches_the_generators_exactly(world_of
 def test_fp32_checkpoint_to_bf16_generators_sends_half_the_bytes():
     model_dir = ensure_tiny_model(cache_root())
     shapes = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
-    backend = SimpleNamespace(published_tensor_shapes=shapes, checkpoint_dtype=torch.float32)
+    backend = SimpleNamespace(published_tensor_shapes=shapes, checkpoint_dtype=torch.float32,
+                              keep_published_in=lambda plan: False)
     settings, served = _settings("bfloat16", model_dir)
     assert (settings.weight_sync_dtype, served) == ("bfloat16", "bfloat16")
     plan = weight_sync_plan(settings, backend)
@@ -87,7 +88,8 @@ def test_a_shared_memory_version_is_written_in_the_generators_dtype(tmp_path):
     weights = {"w": torch.randn(4, 3), "b": torch.randn(3)}
     backend = SimpleNamespace(rank=0, published_tensor_shapes={n: tuple(t.shape) for n, t in weights.items()},
                               checkpoint_dtype=torch.bfloat16, device=torch.device("cpu"),
-                              gather_hf_state_dict=lambda: dict(weights), export_adapter=lambda path: 0)
+                              gather_hf_state_dict=lambda: dict(weights), export_adapter=lambda path: 0,
+                              keep_published_in=lambda plan: False)
     settings, _ = _settings("float32", tmp_path)
     engine = TrainerEngine(backend, _Lockstep(), model_name=str(tmp_path / "source"), log=None, sender=None,
                            fingerprint="", plan=weight_sync_plan(settings, backend))

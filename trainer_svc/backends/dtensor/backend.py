@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
+from tandem.weight_plan import BucketPlan
+from tandem.weight_sync import plan_block_views
 from trainer_svc.backends.dtensor import checkpoint, lora
 from trainer_svc.backends.dtensor.model import dropout_free, load_sharded_policy
 from trainer_svc.backends.dtensor.parallel import (
@@ -323,6 +325,25 @@ class DTensorBackend:
         """Collective generator of what a publish carries: `iter_hf_tensors`, or with LoRA's
         `weight_sync: adapter` the adapters alone (lora.iter_adapters)."""
         return self._iter_published()
+
+    def keep_published_in(self, plan: BucketPlan) -> bool:
+        """On one rank without LoRA the parameters are plain tensors and published as they are: each
+        moves into its view of one block laid out as `plan`, when every one is in the plan's dtype
+        (the generators'), so a publish sends the block bucket by bucket, no copy. The optimizer
+        and the reference keep the same Parameter objects; loads and swaps copy into them in place."""
+        if self._lora is not None:
+            return False
+        params = dict(self._model.named_parameters())  # a tied head is its embedding's Parameter
+        chosen = [params.get(spec.name) for spec in plan.tensors]
+        if any(p is None or isinstance(p, DTensor) or p.dtype != getattr(torch, spec.dtype)
+               or tuple(p.shape) != spec.shape for p, spec in zip(chosen, plan.tensors)):
+            return False
+        _, views = plan_block_views(plan, self.device)
+        with torch.no_grad():
+            for param, spec in zip(chosen, plan.tensors):
+                views[spec.name].copy_(param)
+                param.data = views[spec.name]
+        return True
 
     def gather_hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         if self._lora is not None:

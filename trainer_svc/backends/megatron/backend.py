@@ -364,6 +364,10 @@ class MegatronBackend:
         """What a publish carries: the HF tensors (no LoRA on this backend)."""
         return self.iter_hf_tensors()
 
+    def keep_published_in(self, plan) -> bool:
+        """Never: the HF tensors are converted from Megatron's layout (fused QKV, ...) as published."""
+        return False
+
     def iter_hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective generator of full HF tensors on rank 0, in `hf_tensor_shapes` order
         (see `weights.iter_hf_tensors`); `held_bytes` counts what rank 0 holds meanwhile."""

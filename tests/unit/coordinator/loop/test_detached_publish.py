@@ -104,7 +104,7 @@ def test_a_failed_detached_publish_is_raised_by_the_next_publish():
 def test_the_trainer_keeps_the_version_it_holds_and_resends_that_copy():
     weights = torch.ones(4)
     held = DetachedPublishes(structlog.get_logger())
-    held.hold(iter([("w", weights)]), 7)
+    held.hold(iter([("w", weights)]), 7, PLAN)
     weights.add_(1.0)  # the trainer trains on
     assert held.holds(7) and torch.equal(held._held.tensors[0][1], torch.ones(4))  # the copy is version 7's
     assert held.start(iter([("w", weights)]), None, None, 7, PLAN) == 0  # a resend: no new copy, no thread here
