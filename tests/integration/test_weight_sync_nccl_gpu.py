@@ -10,7 +10,14 @@ import time
 import pytest
 import torch
 
-from tandem.weight_sync import GroupSpec, WeightReceiver, WeightSender, iter_plan_tensors, plan_for_state_dict
+from tandem.weight_sync import (
+    GroupSpec,
+    WeightReceiver,
+    WeightSender,
+    iter_plan_tensors,
+    plan_block_views,
+    plan_for_state_dict,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
@@ -51,7 +58,10 @@ def _run_receiver(ctx, address, epoch, die, queue):
     return proc
 
 
-def test_nccl_transfer_is_complete_on_return_and_bounded_on_the_receiver_device():
+@pytest.mark.parametrize("layout", ["tensors", "block"])
+def test_nccl_transfer_is_complete_on_return_and_bounded_on_the_receiver_device(layout):
+    """`block`: the sender's tensors are views of one block laid out as the plan, as a one-GPU
+    trainer keeps its parameters (trainer_svc/publish.py): every bucket goes from that memory."""
     torch.cuda.set_device(0)
     state = _state()
     plan = plan_for_state_dict(state, bucket_bytes=BUCKET, checksum_window_bytes=WINDOW)
@@ -61,6 +71,9 @@ def test_nccl_transfer_is_complete_on_return_and_bounded_on_the_receiver_device(
     proc = _run_receiver(ctx, sender.address, 1, False, queue)
     try:
         on_device = {n: t.cuda() for n, t in state.items()}
+        if layout == "block":
+            _, views = plan_block_views(plan, torch.device("cuda", 0))
+            on_device = {n: views[n].copy_(t) for n, t in on_device.items()}
         assert sender.send(GroupSpec(sender.address, 1, "e", 2, op_timeout_s=15), 1, plan,
                            iter_plan_tensors(plan, on_device)) == plan.total_bytes
         peak, staged = queue.get(timeout=120)
