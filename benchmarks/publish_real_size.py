@@ -44,6 +44,7 @@ It prints the figures and writes them to benchmarks/results/<date>-publish-real-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import importlib.util
@@ -430,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
              "new": weight_sync.make_bucket_plan(shapes, args.bucket_mb * MiB, int(args.in_place_mb * MiB) or None,
                                                  int(args.window_mb * MiB) or None)}
     if args.flat:  # the tensors moved into one block laid out as this tree's plan, as a trainer's parameters
+        plans["new"] = dataclasses.replace(plans["new"], in_block=True)
         _, views = weight_sync.plan_block_views(plans["new"])
         for name, tensor in tensors:
             views[name].copy_(tensor)

@@ -41,6 +41,10 @@ class BucketPlan:
     tensors: tuple[TensorSpec, ...]
     bucket_sizes_bytes: tuple[int, ...]
     window_ends: tuple[int, ...] = ()
+    in_block: bool = False
+    """The sender's side only (not on the wire, not in the digest): its tensors lie in one block
+    laid out as this plan (tandem.weight_sync.plan_block_views), so a bucket of several tensors
+    goes out from that memory; otherwise only a bucket of one tensor can."""
 
     def __post_init__(self) -> None:
         ends, count = self.window_ends, len(self.bucket_sizes_bytes)

@@ -227,9 +227,9 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
     one is the point): each is packed, in the plan's dtype, as soon as it arrives and dropped,
     so what is held is the bucket being filled plus one tensor, never the whole model.
     `buffer_for(index, size)` hands out the bytes bucket `index` is packed into. With
-    `in_place_device`, a bucket whose tensors all lie, in the plan's dtype and on that device, at
-    their plan offsets of one memory block (a bucket of one tensor: its own memory; a bucket of a
-    `plan_block_views` block) is yielded as that memory's bytes (no buffer, no copy).
+    `in_place_device`, a bucket that is one tensor in the plan's dtype on that device is yielded
+    as the tensor's own bytes, and with `plan.in_block` a bucket whose tensors all lie at their
+    plan offsets of one `plan_block_views` block as that block's bytes (no buffer, no copy).
 
     A tensor whose name, position or shape is not the plan's raises ValueError before its
     bucket is yielded, and the last bucket is yielded only once `tensors` is exhausted, so a
@@ -255,9 +255,10 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
             _check_against_plan(spec, position, positions, name, tensor)
             position += 1
             if buffer is None and in_place_device is not None:
-                block = _in_block(block, spec, size, tensor, in_place_device)
+                block = _in_block(block, spec, size, tensor, in_place_device, plan.in_block)
                 if block is not None:
                     held.append((spec, tensor.detach()))
+                    del tensor  # the held view is all that stays (`HeldBytes` counts tensors, not storage)
                     continue
                 buffer = buffer_for(index, size)
                 for held_spec, held_tensor in held:
@@ -279,13 +280,15 @@ def iter_buckets(plan: BucketPlan, tensors: Iterable[tuple[str, torch.Tensor]],
 
 
 def _in_block(block: torch.Tensor | None, spec: TensorSpec, bucket_size: int, tensor: torch.Tensor,
-              device: torch.device) -> torch.Tensor | None:
+              device: torch.device, several: bool) -> torch.Tensor | None:
     """The bucket's bytes over memory the tensors already hold, with `tensor` added, or None when
     it cannot be broadcast from there: every tensor of it so far (`block`: those bytes) in the
     plan's dtype, contiguous, on the sender's device, at its plan offset from one 8-byte-aligned
     start, in one storage that holds the whole bucket. A bucket of one tensor is that tensor's
-    own bytes; a trainer whose parameters share one block laid out as the plan
-    (`plan_block_views`, `TrainerBackend.keep_published_in`) sends every bucket from there."""
+    own bytes; a bucket of `several` only where the plan says the tensors lie in a block
+    (`BucketPlan.in_block`: a trainer's parameters, `TrainerBackend.keep_published_in`): a
+    gathered tensor may be a view of a larger buffer, and holding it while the next one is
+    gathered would hold two."""
     if not (tensor.dtype == getattr(torch, spec.dtype) and tensor.device == device and tensor.is_contiguous()):
         return None
     start = tensor.data_ptr() - spec.offset_bytes
@@ -295,6 +298,8 @@ def _in_block(block: torch.Tensor | None, spec: TensorSpec, bucket_size: int, te
         return block if same else None
     if spec.offset_bytes == 0 and spec.size_bytes == bucket_size:
         return tensor.detach().reshape(-1).view(torch.uint8) if start % 8 == 0 else None
+    if not several:
+        return None
     offset = start - storage.data_ptr()
     if start % 8 or offset < 0 or offset + bucket_size > storage.nbytes():
         return None
@@ -504,8 +509,8 @@ def iter_plan_tensors(plan: BucketPlan, state: Mapping[str, torch.Tensor]) -> It
 def plan_block_views(plan: BucketPlan, device: torch.device | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One block of memory laid out as `plan`'s buckets end to end, and a view of it for each of
     the plan's tensors (its dtype and shape, at its bucket offset; contents uninitialised). Tensors
-    that live in these views go out from the block itself, every bucket without a copy
-    (`iter_buckets`)."""
+    that live in these views go out from the block itself, every bucket without a copy, under the
+    plan marked `in_block` (`iter_buckets`)."""
     block = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device)
     starts = [0]
     for size in plan.bucket_sizes_bytes:

@@ -22,6 +22,7 @@ on to. Rank 0 holds one copy of the model in memory meanwhile.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -50,7 +51,8 @@ def weight_sync_plan(settings: TrainerSettings, backend: TrainerBackend) -> Buck
              else getattr(torch, settings.weight_sync_dtype))
     shapes = [(name, shape, dtype) for name, shape in backend.published_tensor_shapes.items()]
     window = settings.weight_sync_checksum_window_bytes
-    block = make_bucket_plan(shapes, settings.weight_sync_bucket_bytes, None, window)
+    block = dataclasses.replace(make_bucket_plan(shapes, settings.weight_sync_bucket_bytes, None, window),
+                                in_block=True)
     if backend.keep_published_in(block):
         return block
     return make_bucket_plan(shapes, settings.weight_sync_bucket_bytes, settings.weight_sync_in_place_bytes, window)

@@ -1,3 +1,4 @@
+import dataclasses
 import multiprocessing as mp
 
 import pytest
@@ -170,13 +171,21 @@ def _read(plan, buckets) -> dict[str, torch.Tensor]:
 
 
 def test_a_bucket_goes_from_a_block_only_while_every_tensor_lies_in_it_at_its_plan_offset():
-    plan = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
-    assert any(sum(t.bucket_index == b for t in plan.tensors) > 1 for b in range(len(plan.bucket_sizes_bytes)))
+    unmarked = make_bucket_plan(((n, s, torch.float32) for n, s in SHAPES.items()), bucket_bytes=2048)
+    plan = dataclasses.replace(unmarked, in_block=True)
+    several = [b for b in range(len(plan.bucket_sizes_bytes)) if sum(t.bucket_index == b for t in plan.tensors) > 1]
+    assert several and plan.digest() == unmarked.digest()  # the mark is the sender's alone
     block, views = plan_block_views(plan)
     values = dict(_tensors(SHAPES))
     for name, tensor in values.items():
         views[name].copy_(tensor)
     packed: list[int] = []
+    # a plan not marked in_block: buckets of several tensors are packed even from a block (the
+    # tensors could be gathered views of larger buffers: not held beyond their turn)
+    list(iter_buckets(unmarked, ((n, views[n]) for n in SHAPES), _packing_into(packed),
+                      in_place_device=torch.device("cpu")))
+    assert packed == several
+    packed.clear()
     buckets = dict(iter_buckets(plan, ((n, views[n]) for n in SHAPES), _packing_into(packed),
                                 in_place_device=torch.device("cpu")))
     assert packed == []  # every bucket is the block's own bytes
