@@ -44,8 +44,8 @@ def weight_sync_plan(settings: TrainerSettings, backend: TrainerBackend) -> Buck
     Where the backend can keep the published parameters in one block laid out as the plan
     (`keep_published_in`: one rank, training in the generators' dtype), it does, and the plan packs
     them into buckets of `weight_sync_bucket_bytes`, each sent from the parameters' memory: at
-    Qwen2.5-0.5B's shape 7 broadcasts instead of 194, the wire at 84-85% of a raw broadcast's
-    bandwidth against 71-75% (benchmarks/results/2026-12-02-parameter-block.md). Else tensors of
+    Qwen2.5-0.5B's shape 25 broadcasts instead of 194, the wire at 76-88% of a raw broadcast's
+    bandwidth against 66-75% (benchmarks/results/2026-12-02-parameter-block.md). Else tensors of
     `weight_sync_in_place_bytes` go alone, from their own memory, and the rest is packed."""
     dtype = (backend.checkpoint_dtype if settings.weight_sync_dtype == "auto"
              else getattr(torch, settings.weight_sync_dtype))
@@ -160,7 +160,9 @@ class DetachedPublishes:
     def _send(self, held: _Held, sender: WeightSender, group: GroupSpec, plan: BucketPlan) -> None:
         started = time.perf_counter()
         try:
-            sent = publish_weights(iter(held.tensors), sender, group, held.version, plan)
+            # the held copy is a block laid out as the plan (`hold`): every bucket goes from it
+            sent = publish_weights(iter(held.tensors), sender, group, held.version,
+                                   dataclasses.replace(plan, in_block=True))
             self._log.info("weights_broadcast_detached", version=held.version, epoch=group.epoch, bytes=sent,
                            seconds=round(time.perf_counter() - started, 3))
         except Exception as exc:  # the generators' receive fails too: the coordinator retries (a resend)

@@ -51,8 +51,6 @@ GENERATOR_BASE = 1152 * MIB
 measured with the embedded model)."""
 COORDINATOR_BASE = 448 * MIB
 REWARD_BASE = 96 * MIB
-BUCKET_BYTES = DEFAULT_BUCKET_BYTES
-"""The publish's unit (`weight_sync_bucket_bytes`' default)."""
 ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN = 16
 """Saved activations of one decoder layer, per token and hidden unit, in bytes (float32: about
 four tensors of the hidden size kept for the backward, attention and MLP included)."""
@@ -122,7 +120,7 @@ def estimate_memory(cfg: ExperimentConfig, shape: ModelShape) -> MemoryEstimate:
     largest = shape.vocab_size * shape.hidden_size * p
     services = [ServiceMemory("trainer", 1, {
         "parameters": n * p, "adam": 2 * n * p, "reference": reference, "gradients or parked weights": n * p,
-        "logits": logits, "activations": activations, "publish": max(2 * BUCKET_BYTES, largest),
+        "logits": logits, "activations": activations, "publish": max(2 * DEFAULT_BUCKET_BYTES, largest),
         "base": ranks * TRAINER_RANK_BASE}, training_only=("gradients or parked weights", "logits", "activations"))]
     plan = cfg.service_plan
     if plan.critic_ranks:  # PPO: the critic's own trainer (the same body, a value head, no reference, no logits)
@@ -139,7 +137,7 @@ def estimate_memory(cfg: ExperimentConfig, shape: ModelShape) -> MemoryEstimate:
         kv = (vllm.kv_cache_space_gib * GIB if vllm.kv_cache_space_gib is not None
               else kv_cache_bytes(shape, serving_dtype(cfg), vllm.max_num_seqs, vllm.max_model_len))
         services.append(ServiceMemory("generator", plan.generator_services, {
-            "weights": n * s, "kv cache": kv, "weight update": 2 * n * s + 2 * BUCKET_BYTES, "base": GENERATOR_BASE},
+            "weights": n * s, "kv cache": kv, "weight update": 2 * n * s + 2 * DEFAULT_BUCKET_BYTES, "base": GENERATOR_BASE},
             not_while_training=("weights", "weight update") if cfg.generators_free_weights else ("weight update",)))
     services.append(ServiceMemory("coordinator", 1, {"base": COORDINATOR_BASE}))
     if plan.reward_tasks:

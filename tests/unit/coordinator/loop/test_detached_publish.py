@@ -113,3 +113,33 @@ def test_the_trainer_keeps_the_version_it_holds_and_resends_that_copy():
         held.send_held(object(), None, 8, PLAN)
     held.forget()
     assert not held.holds(7)
+
+
+def test_the_held_copy_is_one_block_in_the_generators_dtype_that_every_bucket_goes_from(monkeypatch):
+    """Whatever plan the trainer publishes under (here the in-place plan of a trainer whose
+    parameters are not a block), its held copy is laid out as that plan, in its dtype, and the
+    detached send takes every bucket from it: nothing is packed."""
+    from tandem import weight_sync
+    from trainer_svc import publish
+
+    weights = {"a": torch.randn(8, 8), "b": torch.randn(3), "c": torch.randn(5)}  # b and c share a bucket
+    plan = make_bucket_plan([(n, tuple(t.shape), torch.bfloat16) for n, t in weights.items()], in_place_bytes=256)
+    assert not plan.in_block and any(t.offset_bytes for t in plan.tensors)
+    held = DetachedPublishes(structlog.get_logger())
+    held.hold(iter(weights.items()), 3, plan)
+    copies = dict(held._held.tensors)
+    assert {t.dtype for t in copies.values()} == {torch.bfloat16}
+    assert len({t.untyped_storage().data_ptr() for t in copies.values()}) == 1
+    assert all(torch.equal(copies[n], t.bfloat16()) for n, t in weights.items())
+
+    def sent(tensors, sender, group, version, plan):
+        def no_packing(index, size):
+            raise AssertionError(f"bucket {index} of the held copy was packed")
+        return sum(b.numel() for _, b in weight_sync.iter_buckets(plan, tensors, no_packing,
+                                                                  in_place_device=torch.device("cpu")))
+
+    monkeypatch.setattr(publish, "publish_weights", sent)
+    log = []
+    held._log = SimpleNamespace(info=lambda *a, **k: log.append(k), warning=lambda *a, **k: log.append(k))
+    held._send(held._held, None, SimpleNamespace(epoch=0), plan)
+    assert log == [{"version": 3, "epoch": 0, "bytes": plan.total_bytes, "seconds": log[0]["seconds"]}]
