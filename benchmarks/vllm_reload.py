@@ -5,9 +5,15 @@ run alternately.
     PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py [--size 0.5b] [--runs 2] [--reloads 4]
     PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py --compare allocator --fresh --threads 1
     PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py --compare allocator --fresh --free --threads 2
+    PYTHONPATH=. .venv/bin/python benchmarks/vllm_reload.py --compare linears --fresh
 
 Each run is a process started with THP_MEM_ALLOC_ENABLE=0 or 1 (0, 1, 0, 1, ...), or, with
-`--compare allocator`, huge pages on and LD_PRELOAD empty or tcmalloc's. `--fresh`: each reload
+`--compare allocator`, huge pages on and LD_PRELOAD empty or tcmalloc's, or, with `--compare
+linears`, vLLM-CPU's linear layers as it packs them for oneDNN ("packed": each reload makes every
+linear's packed copy anew) or left as plain weights that torch's `F.linear` multiplies and a
+reload overwrites in place with the model's own `load_weights` ("plain": what a GPU's unquantized
+reload amounts to; vLLM-CPU has no switch for it, so this run replaces its CPU GEMM dispatch, an
+experiment, not a setting Tandem offers). `--fresh`: each reload
 takes a new copy of the weights, as a received version is; `--free`: the weights are freed before
 each reload (and the memory handed back: release_free_memory), as a synchronous CPU generator
 does while the trainer trains; `--threads`: torch's threads in the run. It loads the
@@ -35,10 +41,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def one_run(model_dir: str, reloads: int, fresh: bool, free: bool, threads: int | None) -> dict:
+def one_run(model_dir: str, reloads: int, fresh: bool, free: bool, threads: int | None, plain: bool = False) -> dict:
     """In this process: the engine, then `reloads` rounds of generate + reload; their seconds."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its model_runner is reachable
     import torch
+    if plain:
+        _plain_linears()
     from safetensors.torch import load_file
     from vllm import LLM, SamplingParams
 
@@ -66,7 +74,11 @@ def one_run(model_dir: str, reloads: int, fresh: bool, free: bool, threads: int 
             release_free_memory()
         version = {name: t.clone() for name, t in weights.items()} if fresh else weights
         started = time.perf_counter()
-        runner.reload_weights(weights_iterator=iter(version.items()), is_checkpoint_format=True)
+        if plain:
+            with torch.no_grad():
+                runner.get_model().load_weights(iter(version.items()))
+        else:
+            runner.reload_weights(weights_iterator=iter(version.items()), is_checkpoint_format=True)
         if free:  # a tied head is not reloaded: re-packed from the new embedding (worker_extension.py)
             refresh_tied_layers(runner.get_model(), unquantized_embedding_methods(),
                                 reloaded={name.rpartition(".")[0] for name in version})
@@ -76,19 +88,33 @@ def one_run(model_dir: str, reloads: int, fresh: bool, free: bool, threads: int 
     return {"generate_s": generate_s, "reload_s": reload_s, "greedy": [list(o.outputs[0].token_ids) for o in greedy]}
 
 
+def _plain_linears() -> None:
+    """Before the engine loads its model: every unquantized linear keeps its weight as loaded and
+    multiplies with torch's F.linear, instead of vLLM-CPU's packed oneDNN copy."""
+    import torch
+    import vllm.model_executor.layers.utils as layer_utils
+
+    def keep_plain(layer, remove_weight: bool) -> None:
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    layer_utils.dispatch_cpu_unquantized_gemm = keep_plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="0.5b", help="a shape of benchmarks/real_size_model.py")
     parser.add_argument("--runs", type=int, default=2, help="runs per setting, alternated")
     parser.add_argument("--reloads", type=int, default=4)
-    parser.add_argument("--compare", choices=["huge-pages", "allocator"], default="huge-pages")
+    parser.add_argument("--compare", choices=["huge-pages", "allocator", "linears"], default="huge-pages")
     parser.add_argument("--fresh", action="store_true", help="each reload from a new copy of the weights")
     parser.add_argument("--free", action="store_true", help="free the weights before each reload")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--one-run", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--plain-linears", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_run:
-        print("RESULT " + json.dumps(one_run(args.one_run, args.reloads, args.fresh, args.free, args.threads)), flush=True)
+        print("RESULT " + json.dumps(one_run(args.one_run, args.reloads, args.fresh, args.free, args.threads,
+                                                     args.plain_linears)), flush=True)
         return
     from benchmarks.real_size_model import ensure_real_size_model
     from tandem.host_memory import find_tcmalloc
@@ -96,6 +122,8 @@ def main() -> None:
     if args.compare == "huge-pages":
         settings = {"THP_MEM_ALLOC_ENABLE=0": {"THP_MEM_ALLOC_ENABLE": "0"},
                     "THP_MEM_ALLOC_ENABLE=1": {"THP_MEM_ALLOC_ENABLE": "1"}}
+    elif args.compare == "linears":
+        settings = {"packed": {"THP_MEM_ALLOC_ENABLE": "1"}, "plain": {"THP_MEM_ALLOC_ENABLE": "1"}}
     else:
         tcmalloc = find_tcmalloc()
         if tcmalloc is None:
@@ -108,7 +136,8 @@ def main() -> None:
     figures: dict[str, dict[str, list[float]]] = {}
     for setting in list(settings) * args.runs:
         env = {**os.environ, **settings[setting], "PYTHONPATH": str(ROOT)}
-        done = subprocess.run([sys.executable, __file__, "--one-run", model_dir, *flags],
+        plain = ["--plain-linears"] if setting == "plain" else []
+        done = subprocess.run([sys.executable, __file__, "--one-run", model_dir, *flags, *plain],
                               env=env, capture_output=True, text=True, check=True)
         result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
         print(json.dumps({"setting": setting, **result}), flush=True)

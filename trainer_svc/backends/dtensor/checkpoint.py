@@ -42,7 +42,9 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future as PoolFuture
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,32 +289,40 @@ class RawReader(FileSystemReader):
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for relative_path, reqs in per_file.items():
             reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
-            done: set[tuple[int, int]] = set()  # (target, offset): a tied weight is read once
-            with open(Path(self.path) / relative_path, "rb", buffering=0) as f:
-                for req in reqs:
-                    info: _StorageInfo = self.storage_data[req.storage_index]
-                    if req.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(req, io.BytesIO(_read(f, info.offset, info.length)))
-                        continue
-                    target = planner.resolve_tensor(req).detach()
-                    chunk = self._chunk_size(req)
-                    whole = (list(req.storage_offsets) == [0] * len(chunk) and list(req.lengths) == list(chunk))
-                    if whole and target.is_contiguous() and target.is_cpu and \
-                            target.numel() * target.element_size() == info.length:
-                        if (target.data_ptr(), info.offset) not in done:
-                            _readinto(f, info.offset, _bytes_of(target))
-                            done.add((target.data_ptr(), info.offset))
-                    else:
-                        dtype = self._tensors[req.storage_index.fqn].properties.dtype
-                        saved = torch.frombuffer(bytearray(_read(f, info.offset, info.length)), dtype=dtype)
-                        saved = saved.reshape(chunk)
-                        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
-                            saved = saved.narrow(dim, start, length)
-                        target.copy_(saved)
-                    planner.commit_tensor(req, target)
+            read_ranges(Path(self.path) / relative_path, self._places(reqs, planner))
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def _places(self, reqs, planner) -> Iterator[tuple[int, memoryview]]:
+        """Where each request's bytes go, in the file's order: (offset, memory to fill); each
+        request is committed once its memory is filled (read_ranges asks for the next place only
+        then), so a resharding temporary lives for one request."""
+        done: set[tuple[int, int]] = set()  # (target, offset): a tied weight is read once
+        for req in reqs:
+            info: _StorageInfo = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO:
+                payload = bytearray(info.length)
+                yield info.offset, memoryview(payload)
+                planner.load_bytes(req, io.BytesIO(bytes(payload)))
+                continue
+            target = planner.resolve_tensor(req).detach()
+            chunk = self._chunk_size(req)
+            whole = (list(req.storage_offsets) == [0] * len(chunk) and list(req.lengths) == list(chunk))
+            if whole and target.is_contiguous() and target.is_cpu and \
+                    target.numel() * target.element_size() == info.length:
+                if (target.data_ptr(), info.offset) not in done:
+                    yield info.offset, _bytes_of(target)
+                    done.add((target.data_ptr(), info.offset))
+            else:
+                payload = bytearray(info.length)
+                yield info.offset, memoryview(payload)
+                dtype = self._tensors[req.storage_index.fqn].properties.dtype
+                saved = torch.frombuffer(payload, dtype=dtype).reshape(chunk)
+                for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+                    saved = saved.narrow(dim, start, length)
+                target.copy_(saved)
+            planner.commit_tensor(req, target)
 
     def _chunk_size(self, req) -> torch.Size:
         md = self._tensors[req.storage_index.fqn]
@@ -323,20 +333,101 @@ class RawReader(FileSystemReader):
         raise ValueError(f"checkpoint item {req.storage_index} has no chunk at offsets {offsets}")
 
 
-def _read(f, offset: int, length: int) -> bytes:
-    buffer = bytearray(length)
-    _readinto(f, offset, memoryview(buffer))
-    return bytes(buffer)
+def read_ranges(file: Path, places: Iterable[tuple[int, memoryview]], direct: bool = True) -> str:
+    """Fill each (offset, memory) of `places` from `file`, in the order given (offsets ascending;
+    the next place is asked for once the last is filled); returns how ("direct" or "buffered").
+
+    Direct (O_DIRECT where the filesystem takes it), the file is read in aligned windows of
+    DIRECT_STAGE_BYTES into two buffers (the next window read while this one is copied out) and
+    copied from there, so the kernel fills no page cache:
+    on a VM whose host takes back free memory every page the cache takes costs as much as a fresh
+    page of the trainer's (benchmarks/results/2026-12-02-direct-checkpoint-writes.md), and a
+    checkpoint read through it touched twice the memory it loads."""
+    fd = _open_direct(file) if direct else None
+    if fd is None:
+        with open(file, "rb", buffering=0) as f:
+            for offset, view in places:
+                f.seek(offset)
+                done = 0
+                while done < len(view):
+                    n = f.readinto(view[done:])
+                    if not n:
+                        raise ValueError(f"checkpoint file {file} ends before byte {offset + len(view)}: a partial "
+                                         "write")
+                    done += n
+        return "buffered"
+    try:
+        _read_direct(fd, file, places)
+    finally:
+        os.close(fd)
+    return "direct"
 
 
-def _readinto(f, offset: int, view: memoryview) -> None:
-    f.seek(offset)
-    done = 0
-    while done < len(view):
-        n = f.readinto(view[done:])
-        if not n:
-            raise ValueError(f"checkpoint file {f.name} ends before byte {offset + len(view)}: a partial write")
-        done += n
+def _read_direct(fd: int, file: Path, places: Iterable[tuple[int, memoryview]]) -> None:
+    """Two aligned stage buffers: while one window's bytes are copied to their places, a thread
+    reads the next window of the file into the other (the read waits on the disk, the copy on
+    memory: they overlap)."""
+    stages = [mmap.mmap(-1, DIRECT_STAGE_BYTES) for _ in range(2)]
+    buffers = [memoryview(stage) for stage in stages]
+    reader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-read")
+    window = (0, 0, 0)  # (buffer, start, bytes filled): buffers[0] holds the file's [start, start + filled)
+    ahead: tuple[int, PoolFuture] | None = None  # (start, the read of the window after `window` into the other buffer)
+    try:
+        for offset, view in places:
+            at = 0
+            while at < len(view):
+                position = offset + at
+                current, start, filled = window
+                if not start <= position < start + filled:
+                    current, start = 1 - current, position - position % DIRECT_BLOCK_BYTES
+                    if ahead is not None and ahead[0] == start:
+                        filled = ahead[1].result()
+                    else:
+                        if ahead is not None:
+                            ahead[1].result()  # its buffer is the one read into next
+                        filled = os.preadv(fd, [buffers[current]], start)
+                    ahead = None
+                    if filled <= position - start:
+                        raise ValueError(f"checkpoint file {file} ends before byte {offset + len(view)}: a partial "
+                                         "write")
+                    if filled == DIRECT_STAGE_BYTES:
+                        ahead = (start + filled, reader.submit(os.preadv, fd, [buffers[1 - current]], start + filled))
+                    window = (current, start, filled)
+                take = min(len(view) - at, start + filled - position)
+                view[at:at + take] = buffers[current][position - start:position - start + take]
+                at += take
+    finally:
+        if ahead is not None:
+            wait([ahead[1]])  # not past the buffers' and the descriptor's lifetime
+        reader.shutdown()
+        for buffer in buffers:
+            buffer.release()
+        for stage in stages:
+            stage.close()
+
+
+def _open_direct(file: Path) -> int | None:
+    """A descriptor of `file` opened with O_DIRECT that has read its first block, or None where
+    the filesystem refuses O_DIRECT (EINVAL at the open or at that read: tmpfs, for one)."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+    probe = mmap.mmap(-1, DIRECT_BLOCK_BYTES)
+    try:
+        os.preadv(fd, [probe], 0)
+        return fd
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+    finally:
+        probe.close()
 
 
 def _alone() -> bool:
