@@ -10,8 +10,9 @@ step holds: fp32 parameters and both moments), then, interleaved A/B:
         optimizer step that makes Adam's state (the code before issue 28 item 6)
   new   trainer_svc/backends/dtensor/checkpoint.py: raw tensor bytes, written by a thread while
         the caller goes on (`save returns` is what a GRPO step waits; `durable` is the write's
-        end, after fsync), read with one readinto per tensor straight into its target, Adam's
-        state allocated without a step
+        end, after fsync), read back with O_DIRECT straight into each target, Adam's state
+        allocated without a step
+  buffered  as new, but read through the page cache (the load before O_DIRECT reads)
 Every load is cold: the checkpoint's pages are dropped from the page cache first (fadvise), and
 the load goes into an optimizer without state (as in a freshly started trainer). Each save and
 load also reports its peak RSS above the RSS before it (what it stages beside the model). The disk is
@@ -34,7 +35,7 @@ from raw_io import disk_seconds, evict
 from real_size_model import ensure_real_size_model
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainer_svc.backends.dtensor import DTensorBackend
+from trainer_svc.backends.dtensor import DTensorBackend, checkpoint
 from trainer_svc.config import TrainerSettings
 from trainer_svc.distributed import close_distributed, init_distributed
 
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--shape", default="0.5b", help="a size of benchmarks/real_size_model.py SHAPES")
     parser.add_argument("--reps", type=int, default=2, help="A/B pairs")
     parser.add_argument("--dir", default=None, help="where to write the checkpoints (default: beside the model)")
-    parser.add_argument("--variants", default="old,new", help="comma-separated: old, new")
+    parser.add_argument("--variants", default="old,new", help="comma-separated: old, new, buffered")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     model_dir = ensure_real_size_model(args.shape)
@@ -128,6 +129,8 @@ def main() -> None:
             with PeakGrowth() as loading:
                 if name == "old":
                     old_load(backend, path)
+                elif name == "buffered":
+                    checkpoint.load_checkpoint(path, backend._model, backend._optimizer, rank=0, direct=False)
                 else:
                     backend.load_checkpoint(path)
             figures["load (cold)"] = time.perf_counter() - start

@@ -275,8 +275,13 @@ def _write_direct(file: Path, chunks: list[_Chunk]) -> None:
 
 
 class RawReader(FileSystemReader):
-    """Reads what RawWriter wrote: each tensor straight into its target with one `readinto` when
-    the target is the whole saved chunk (the same sharding), else through a temporary (resharding)."""
+    """Reads what RawWriter wrote: each tensor's bytes straight into its target when the target is
+    the whole saved chunk (the same sharding), else through a temporary (resharding); with
+    O_DIRECT unless `direct` is False (`read_ranges`)."""
+
+    def __init__(self, path: str, direct: bool = True):
+        super().__init__(path)
+        self._direct = direct
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -289,7 +294,7 @@ class RawReader(FileSystemReader):
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for relative_path, reqs in per_file.items():
             reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
-            read_ranges(Path(self.path) / relative_path, self._places(reqs, planner))
+            read_ranges(Path(self.path) / relative_path, self._places(reqs, planner), direct=self._direct)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -526,14 +531,15 @@ def _allocate_adam_state(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int,
-                    trained_only: bool = False) -> int:
-    """Restore model, optimizer and this rank's RNG; returns the saved global step."""
+                    trained_only: bool = False, direct: bool = True) -> int:
+    """Restore model, optimizer and this rank's RNG; returns the saved global step. `direct`
+    False reads through the page cache (benchmarks/checkpoint_real_size.py's A/B)."""
     options = _options(trained_only)
     _allocate_adam_state(optimizer)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state}
     raw = (path / "dcp" / RAW_MARK).is_file()
-    reader = RawReader(str(path / "dcp")) if raw else FileSystemReader(str(path / "dcp"))
+    reader = RawReader(str(path / "dcp"), direct=direct) if raw else FileSystemReader(str(path / "dcp"))
     with _quiet(), _ordinary_errors("load from", path):
         dcp.load(state, storage_reader=reader, no_dist=_alone())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
