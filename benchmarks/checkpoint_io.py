@@ -6,7 +6,7 @@ takes).
     PYTHONPATH=. .venv/bin/python benchmarks/checkpoint_io.py --gib 5.5 --reps 3
 
 The bytes: random tensors of 512 MiB standing for a 0.5B trainer's checkpoint (fp32 parameters
-and Adam's two moments: 5.5 GiB), written by trainer_svc/backends/dtensor/checkpoint.py's
+and Adam's two moments: 5.5 GiB), written by trainer_svc/backends/dtensor/direct_io.py's
 `write_chunks` as a save writes them, into a scratch directory under --dir (default: the system's
 temporary directory; give the checkpoints' disk), fsynced, then deleted (so the page cache the buffered write filled is freed
 before the next write). Then one file, written once, is read back as a resume reads it
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from trainer_svc.backends.dtensor.checkpoint import _bytes_of, _Chunk, read_ranges, write_chunks
+from trainer_svc.backends.dtensor.direct_io import Chunk, bytes_of, read_ranges, write_chunks
 
 MiB, GiB = 1 << 20, 1 << 30
 
 
-def timed_write(path: Path, chunks: list[_Chunk], direct: bool) -> tuple[float, float, str]:
+def timed_write(path: Path, chunks: list[Chunk], direct: bool) -> tuple[float, float, str]:
     before, started = os.times(), time.perf_counter()
     how = write_chunks(path, chunks, direct=direct)
     wall, after = time.perf_counter() - started, os.times()
@@ -41,13 +41,13 @@ def timed_write(path: Path, chunks: list[_Chunk], direct: bool) -> tuple[float, 
     return wall, cpu, how
 
 
-def timed_read(path: Path, chunks: list[_Chunk], direct: bool) -> tuple[float, float, str]:
+def timed_read(path: Path, chunks: list[Chunk], direct: bool) -> tuple[float, float, str]:
     fd = os.open(path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # cold: the bytes come from the disk
     os.close(fd)
     before, started = os.times(), time.perf_counter()
     into = [torch.empty_like(chunk.data) for chunk in chunks]
-    how = read_ranges(path, ((chunk.offset, _bytes_of(target)) for chunk, target in zip(chunks, into)), direct=direct)
+    how = read_ranges(path, ((chunk.offset, bytes_of(target)) for chunk, target in zip(chunks, into)), direct=direct)
     wall, after = time.perf_counter() - started, os.times()
     assert all(torch.equal(chunk.data, target) for chunk, target in zip(chunks, into)), "the bytes read differ"
     cpu = (after.user - before.user) + (after.system - before.system)
@@ -73,7 +73,7 @@ def main() -> None:
     tensors = [torch.rand(128 * MiB) for _ in range(count)]  # 512 MiB of fp32 each
     chunks, offset = [], 0
     for tensor in tensors:
-        chunks.append(_Chunk(offset, tensor))
+        chunks.append(Chunk(offset, tensor))
         offset += tensor.numel() * tensor.element_size()
     scratch = Path(tempfile.mkdtemp(prefix="ckpt-writes-", dir=args.dir))
     figures: dict[str, list[tuple[float, float]]] = {"buffered": [], "direct": []}

@@ -1,5 +1,5 @@
 """A checkpoint's bytes go to disk and come back with O_DIRECT where the filesystem takes it
-(trainer_svc/backends/dtensor/checkpoint.py `write_chunks`, `read_ranges`): written through one
+(trainer_svc/backends/dtensor/direct_io.py `write_chunks`, `read_ranges`): written through one
 aligned buffer, the last block padded and the file cut back, so the file holds exactly the items'
 bytes back to back, as a buffered write leaves it; read in aligned windows into one buffer and
 copied to each place, whatever its offset and length. A filesystem that refuses O_DIRECT gets
@@ -12,11 +12,11 @@ import errno
 import pytest
 import torch
 
-from trainer_svc.backends.dtensor import checkpoint
-from trainer_svc.backends.dtensor.checkpoint import DIRECT_STAGE_BYTES, _Chunk, read_ranges, write_chunks
+from trainer_svc.backends.dtensor import direct_io
+from trainer_svc.backends.dtensor.direct_io import DIRECT_STAGE_BYTES, Chunk, read_ranges, write_chunks
 
 
-def _chunks() -> tuple[list[_Chunk], bytes]:
+def _chunks() -> tuple[list[Chunk], bytes]:
     """Items of awkward lengths: a few bytes, a small tensor, one across two stage buffers, a view."""
     generator = torch.Generator().manual_seed(0)
     big = torch.randint(0, 255, (DIRECT_STAGE_BYTES + 4099,), dtype=torch.uint8, generator=generator)
@@ -26,7 +26,7 @@ def _chunks() -> tuple[list[_Chunk], bytes]:
     chunks, offset, expected = [], 0, b""
     for item in items:
         raw = item if isinstance(item, bytes) else item.contiguous().numpy().tobytes()
-        chunks.append(_Chunk(offset, item if isinstance(item, bytes) else item.contiguous()))
+        chunks.append(Chunk(offset, item if isinstance(item, bytes) else item.contiguous()))
         offset += len(raw)
         expected += raw
     return chunks, expected
@@ -43,7 +43,7 @@ def test_a_filesystem_that_refuses_o_direct_gets_the_buffered_write(tmp_path, mo
     def refused(file, chunks):
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(checkpoint, "_write_direct", refused)
+    monkeypatch.setattr(direct_io, "_write_direct", refused)
     chunks, expected = _chunks()
     assert write_chunks(tmp_path / "buffered.distcp", chunks) == "buffered"
     assert (tmp_path / "buffered.distcp").read_bytes() == expected
@@ -53,11 +53,11 @@ def test_other_write_errors_are_the_saves(tmp_path, monkeypatch):
     def full(file, chunks):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "_write_direct", full)
+    monkeypatch.setattr(direct_io, "_write_direct", full)
     with pytest.raises(OSError, match="No space left"):
         write_chunks(tmp_path / "full.distcp", _chunks()[0])
     with pytest.raises(ValueError, match="back to back"):
-        write_chunks(tmp_path / "gap.distcp", [_Chunk(0, b"ab"), _Chunk(3, b"cd")])
+        write_chunks(tmp_path / "gap.distcp", [Chunk(0, b"ab"), Chunk(3, b"cd")])
 
 
 def _places(expected: bytes) -> list[tuple[int, bytearray]]:
@@ -105,14 +105,14 @@ def test_a_file_cut_short_is_a_partial_write(tmp_path, direct):
 def test_a_filesystem_that_refuses_o_direct_reads_buffered(tmp_path, monkeypatch):
     chunks, expected = _chunks()
     write_chunks(tmp_path / "ckpt.distcp", chunks)
-    real_open = checkpoint.os.open
+    real_open = direct_io.os.open
 
     def refusing(path, flags, *args):
-        if flags & checkpoint.os.O_DIRECT:
+        if flags & direct_io.os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(checkpoint.os, "open", refusing)
+    monkeypatch.setattr(direct_io.os, "open", refusing)
     into = bytearray(100)
     assert read_ranges(tmp_path / "ckpt.distcp", [(3, memoryview(into))]) == "buffered"
     assert bytes(into) == expected[3:103]

@@ -16,8 +16,8 @@ their optimizer state, and loading restores those over the base weights loaded a
 Why raw bytes (issue 28 item 6; benchmarks/checkpoint_real_size.py): DCP's default writes each
 tensor as its own torch.save archive and reads it back into a fresh tensor, through ~260 KiB
 reads, then copies it into the target; at Qwen2.5-0.5B's shape that load ran at a third of the
-disk's speed. Here each tensor's bytes go to the file in one write and come back with one
-`readinto` straight into the tensor that holds it.
+disk's speed. Here the tensors' bytes go to the file back to back and come back straight into
+the tensors that hold them, both with O_DIRECT where the filesystem takes it (direct_io.py).
 
 Background saves (`start_save(..., background=True)`): the plan, the metadata and the RNG are
 written at once (they involve collectives), and the tensors' bytes by a thread that reads the
@@ -34,17 +34,13 @@ killed every rank (benchmarks/chaos.py's full disk found it).
 
 from __future__ import annotations
 
-import errno
 import io
 import json
-import mmap
 import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future as PoolFuture
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +58,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from tandem.durable import replace_durably
+from trainer_svc.backends.dtensor.direct_io import Chunk, bytes_of, read_ranges, write_chunks
 
 STATE_FILE = "trainer_state.json"
 RAW_MARK = "RAW"
@@ -72,17 +69,6 @@ counters and the like: cheap, and then nothing small needs guarding)."""
 
 def _options(trained_only: bool) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=trained_only, strict=not trained_only)
-
-
-def _bytes_of(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes, without a copy (contiguous CPU tensors)."""
-    return memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy())
-
-
-@dataclass
-class _Chunk:
-    offset: int
-    data: torch.Tensor | bytes
 
 
 @dataclass
@@ -147,7 +133,7 @@ class RawWriter(FileSystemWriter):
     def __init__(self, path: str):
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
         self.file: Path | None = None
-        self.chunks: list[_Chunk] = []
+        self.chunks: list[Chunk] = []
 
     def write_data(self, plan, planner) -> Future[list[WriteResult]]:
         name = f"{plan.storage_data.prefix}0.distcp"
@@ -177,7 +163,7 @@ class RawWriter(FileSystemWriter):
                 else:
                     placed[key] = offset
                 payload = tensor
-            self.chunks.append(_Chunk(offset, payload))
+            self.chunks.append(Chunk(offset, payload))
             results.append(WriteResult(index=item.index, size_in_bytes=length,
                                        storage_data=_StorageInfo(relative_path=name, offset=offset, length=length)))
             offset += length
@@ -192,86 +178,6 @@ class RawWriter(FileSystemWriter):
             return write_chunks(self.file, self.chunks)
         finally:
             self.chunks = []  # the references to the live tensors go with the write
-
-
-DIRECT_BLOCK_BYTES = 4096
-"""What O_DIRECT asks of each write's memory, file offset and length: a multiple of the device's
-logical block (512 B or 4 KiB)."""
-DIRECT_STAGE_BYTES = 16 << 20
-"""The aligned buffer a direct write copies the items' bytes through."""
-
-
-def write_chunks(file: Path, chunks: list[_Chunk], direct: bool = True) -> str:
-    """Write `chunks` back to back into `file` and fsync it: with O_DIRECT where the filesystem
-    takes it ("direct"), else (or with `direct` False) through the page cache ("buffered"; tmpfs,
-    for one, refuses O_DIRECT).
-
-    Direct, the bytes go from an aligned buffer to the disk without the kernel copying them into
-    page-cache pages it must first find and zero. On the 2-core VM this was measured on, writing
-    2.5 GiB through the page cache cost 17-25 CPU-seconds of the kernel (21-31 s) while the
-    generator was rolling out the next step; with O_DIRECT 0.3 s (2.2 s), and the file holds
-    the same bytes (benchmarks/results/2026-12-02-direct-checkpoint-writes.md)."""
-    offset = 0
-    for chunk in chunks:
-        if chunk.offset != offset:
-            raise ValueError(f"checkpoint chunks must lie back to back: one at {chunk.offset}, expected {offset}")
-        offset += len(_view(chunk))
-    if direct and hasattr(os, "O_DIRECT"):
-        try:
-            _write_direct(file, chunks)
-            return "direct"
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:  # EINVAL: this filesystem (or its alignment) does not take O_DIRECT
-                raise
-    with open(file, "wb", buffering=0) as out:
-        for chunk in chunks:
-            view = _view(chunk)
-            written = 0
-            while written < len(view):
-                written += out.write(view[written:])
-        os.fsync(out.fileno())
-    return "buffered"
-
-
-def _view(chunk: _Chunk) -> memoryview:
-    return memoryview(chunk.data) if isinstance(chunk.data, bytes) else _bytes_of(chunk.data)
-
-
-def _write_direct(file: Path, chunks: list[_Chunk]) -> None:
-    """The chunks' bytes through one page-aligned buffer (an anonymous mmap) in whole buffers;
-    the last one padded to a block, and the file cut back to its length."""
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-    stage = mmap.mmap(-1, DIRECT_STAGE_BYTES)
-    buffer = memoryview(stage)
-    try:
-        filled = total = 0
-
-        def flush(count: int) -> None:
-            written = 0
-            while written < count:
-                written += os.write(fd, buffer[written:count])
-
-        for chunk in chunks:
-            data = _view(chunk)
-            at = 0
-            while at < len(data):
-                take = min(len(data) - at, DIRECT_STAGE_BYTES - filled)
-                buffer[filled:filled + take] = data[at:at + take]
-                filled, at = filled + take, at + take
-                if filled == DIRECT_STAGE_BYTES:
-                    flush(filled)
-                    total, filled = total + filled, 0
-            del data
-        if filled:
-            padded = -(-filled // DIRECT_BLOCK_BYTES) * DIRECT_BLOCK_BYTES
-            buffer[filled:padded] = bytes(padded - filled)
-            flush(padded)
-            os.ftruncate(fd, total + filled)
-        os.fsync(fd)
-    finally:
-        buffer.release()
-        stage.close()
-        os.close(fd)
 
 
 class RawReader(FileSystemReader):
@@ -317,7 +223,7 @@ class RawReader(FileSystemReader):
             if whole and target.is_contiguous() and target.is_cpu and \
                     target.numel() * target.element_size() == info.length:
                 if (target.data_ptr(), info.offset) not in done:
-                    yield info.offset, _bytes_of(target)
+                    yield info.offset, bytes_of(target)
                     done.add((target.data_ptr(), info.offset))
             else:
                 payload = bytearray(info.length)
@@ -336,103 +242,6 @@ class RawReader(FileSystemReader):
             if offsets is None or tuple(chunk.offsets) == offsets:
                 return chunk.sizes
         raise ValueError(f"checkpoint item {req.storage_index} has no chunk at offsets {offsets}")
-
-
-def read_ranges(file: Path, places: Iterable[tuple[int, memoryview]], direct: bool = True) -> str:
-    """Fill each (offset, memory) of `places` from `file`, in the order given (offsets ascending;
-    the next place is asked for once the last is filled); returns how ("direct" or "buffered").
-
-    Direct (O_DIRECT where the filesystem takes it), the file is read in aligned windows of
-    DIRECT_STAGE_BYTES into two buffers (the next window read while this one is copied out) and
-    copied from there, so the kernel fills no page cache:
-    on a VM whose host takes back free memory every page the cache takes costs as much as a fresh
-    page of the trainer's (benchmarks/results/2026-12-02-direct-checkpoint-writes.md), and a
-    checkpoint read through it touched twice the memory it loads."""
-    fd = _open_direct(file) if direct else None
-    if fd is None:
-        with open(file, "rb", buffering=0) as f:
-            for offset, view in places:
-                f.seek(offset)
-                done = 0
-                while done < len(view):
-                    n = f.readinto(view[done:])
-                    if not n:
-                        raise ValueError(f"checkpoint file {file} ends before byte {offset + len(view)}: a partial "
-                                         "write")
-                    done += n
-        return "buffered"
-    try:
-        _read_direct(fd, file, places)
-    finally:
-        os.close(fd)
-    return "direct"
-
-
-def _read_direct(fd: int, file: Path, places: Iterable[tuple[int, memoryview]]) -> None:
-    """Two aligned stage buffers: while one window's bytes are copied to their places, a thread
-    reads the next window of the file into the other (the read waits on the disk, the copy on
-    memory: they overlap)."""
-    stages = [mmap.mmap(-1, DIRECT_STAGE_BYTES) for _ in range(2)]
-    buffers = [memoryview(stage) for stage in stages]
-    reader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-read")
-    window = (0, 0, 0)  # (buffer, start, bytes filled): buffers[0] holds the file's [start, start + filled)
-    ahead: tuple[int, PoolFuture] | None = None  # (start, the read of the window after `window` into the other buffer)
-    try:
-        for offset, view in places:
-            at = 0
-            while at < len(view):
-                position = offset + at
-                current, start, filled = window
-                if not start <= position < start + filled:
-                    current, start = 1 - current, position - position % DIRECT_BLOCK_BYTES
-                    if ahead is not None and ahead[0] == start:
-                        filled = ahead[1].result()
-                    else:
-                        if ahead is not None:
-                            ahead[1].result()  # its buffer is the one read into next
-                        filled = os.preadv(fd, [buffers[current]], start)
-                    ahead = None
-                    if filled <= position - start:
-                        raise ValueError(f"checkpoint file {file} ends before byte {offset + len(view)}: a partial "
-                                         "write")
-                    if filled == DIRECT_STAGE_BYTES:
-                        ahead = (start + filled, reader.submit(os.preadv, fd, [buffers[1 - current]], start + filled))
-                    window = (current, start, filled)
-                take = min(len(view) - at, start + filled - position)
-                view[at:at + take] = buffers[current][position - start:position - start + take]
-                at += take
-    finally:
-        if ahead is not None:
-            wait([ahead[1]])  # not past the buffers' and the descriptor's lifetime
-        reader.shutdown()
-        for buffer in buffers:
-            buffer.release()
-        for stage in stages:
-            stage.close()
-
-
-def _open_direct(file: Path) -> int | None:
-    """A descriptor of `file` opened with O_DIRECT that has read its first block, or None where
-    the filesystem refuses O_DIRECT (EINVAL at the open or at that read: tmpfs, for one)."""
-    if not hasattr(os, "O_DIRECT"):
-        return None
-    try:
-        fd = os.open(file, os.O_RDONLY | os.O_DIRECT)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            return None
-        raise
-    probe = mmap.mmap(-1, DIRECT_BLOCK_BYTES)
-    try:
-        os.preadv(fd, [probe], 0)
-        return fd
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno == errno.EINVAL:
-            return None
-        raise
-    finally:
-        probe.close()
 
 
 def _alone() -> bool:
