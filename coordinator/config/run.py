@@ -100,6 +100,12 @@ class CheckpointingConfig(Section):
     save_hf: bool = False
     """Also write each checkpoint's model as a Hugging Face checkpoint (<checkpoint>/hf). Every
     run ends with one in <run>/hf either way; `tandem export` makes one from any checkpoint."""
+    direct_io: bool = True
+    """The DTensor trainer writes its checkpoint files and reads them back on resume with O_DIRECT
+    where the filesystem takes it, through no page cache (at the 0.5B shape on a VM whose host
+    reclaims free memory: a write ~15x, a resume's load ~2x faster than buffered,
+    benchmarks/results/2026-12-02-direct-checkpoint-reads.md). false: through the page cache, for
+    a filesystem where direct I/O is slow (some network filesystems)."""
 
 
 class WandbConfig(Section):

@@ -33,6 +33,7 @@ def trainer_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
         max_grad_norm=policy.max_grad_norm, dtensor_cfg=policy.dtensor_cfg, sequence_packing=policy.sequence_packing,
         reward_model_cfg=policy.reward_model_cfg, megatron_cfg=policy.megatron_cfg, weight_sync_host=cfg.cluster.host,
         weight_sync_dtype=serving_dtype(cfg), router_replay=policy.router_replay,
+        checkpoint_direct_io=cfg.checkpointing.direct_io,
         generation=GenerationSettings(enabled=not policy.generation.backend.separate_services,
                                       max_num_seqs=policy.generation.mcore_generation_config.max_num_seqs,
                                       max_model_len=policy.max_total_sequence_length))
@@ -47,7 +48,8 @@ def critic_settings(cfg: ExperimentConfig, model_dir: str) -> TrainerSettings:
     return TrainerSettings(
         model_name=critic.model_name or model_dir, seed=cfg.grpo.seed + 2000, dtype=critic.precision or cfg.policy.precision,
         optimizer=critic.optimizer.kwargs, max_grad_norm=critic.max_grad_norm, dtensor_cfg=critic.dtensor_cfg,
-        value_model_cfg=ValueModelSettings(enabled=True), weight_sync_host=cfg.cluster.host)
+        value_model_cfg=ValueModelSettings(enabled=True), weight_sync_host=cfg.cluster.host,
+        checkpoint_direct_io=cfg.checkpointing.direct_io)
 
 
 def generator_settings(cfg: ExperimentConfig, model_dir: str, index: int, scratch: Path) -> GeneratorSettings:

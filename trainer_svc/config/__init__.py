@@ -211,6 +211,9 @@ class TrainerSettings(_Strict):
     """Megatron-core backend settings (NeMo-RL's `policy.megatron_cfg`)."""
     weight_sync_host: str = "127.0.0.1"
     """Interface the weight-sync TCPStore (on rank 0) binds and advertises."""
+    checkpoint_direct_io: bool = True
+    """DTensor checkpoint files written and read with O_DIRECT where the filesystem takes it
+    (checkpointing.direct_io; trainer_svc/backends/dtensor/direct_io.py)."""
     weight_sync_bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, gt=0)
     """Bytes per weight-sync bucket (one broadcast each) of the tensors packed together: the
     sender holds two (one filling, one on the wire; none where its parameters are one block laid

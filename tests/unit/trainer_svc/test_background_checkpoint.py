@@ -11,7 +11,7 @@ import torch
 
 from coordinator.embedded.cache import cache_root
 from coordinator.embedded.tiny_model import ensure_tiny_model
-from trainer_svc.backends.dtensor import checkpoint
+from trainer_svc.backends.dtensor import checkpoint, direct_io
 from trainer_svc.backends.dtensor.backend import DTensorBackend
 from trainer_svc.backends.dtensor.parallel import full_value
 from trainer_svc.config import TrainerSettings
@@ -123,3 +123,30 @@ def test_a_failed_background_write_never_stops_the_next_save_on_its_rank_alone(b
     backend.save_checkpoint(tmp_path / "second", background=True)
     assert backend.checkpoint_written(tmp_path / "second", timeout_s=30)
     assert checkpoint.is_checkpoint(tmp_path / "second") and not checkpoint.is_checkpoint(tmp_path / "first")
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_checkpoint_files_go_direct_unless_switched_off(world_of_one, tmp_path, monkeypatch, direct):
+    """checkpointing.direct_io (TrainerSettings.checkpoint_direct_io) decides how the backend's
+    save writes and its load reads the checkpoint file: O_DIRECT (the default), or the page cache."""
+    used = []
+    for name in ("_write_direct", "_read_direct"):
+        real = getattr(direct_io, name)
+
+        def spy(*args, _real=real, _name=name):
+            used.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(direct_io, name, spy)
+    settings = TrainerSettings(model_name=str(ensure_tiny_model(cache_root())), seed=0, checkpoint_direct_io=direct)
+    made = DTensorBackend(settings, world_of_one)
+    try:
+        made.train_step(SAMPLES, LOSS, 8, 4, 1e-3)
+        before = _state(made)
+        made.save_checkpoint(tmp_path / "ckpt")
+        made.train_step(SAMPLES, LOSS, 8, 4, 1e-3)
+        made.load_checkpoint(tmp_path / "ckpt")
+        assert all(torch.equal(a, b) for a, b in zip(before, _state(made), strict=True))
+    finally:
+        made.close()
+    assert used == (["_write_direct", "_read_direct"] if direct else [])

@@ -75,6 +75,7 @@ class DTensorBackend:
         check_context_parallel(cfg.context_parallel_size, env.device)
         self._lora = cfg.lora_cfg if cfg.lora_cfg.enabled else None
         self._model_name = settings.model_name
+        self._direct_io = settings.checkpoint_direct_io
         self._dims = ParallelDims(env.world_size, cfg.tensor_parallel_size, cfg.sequence_parallel)
         mesh = self._dims.build_mesh(env.device.type)
         self._dp_rank, self._dp_group = mesh.get_local_rank(MeshAxis.DP), mesh.get_group(MeshAxis.DP)
@@ -357,7 +358,8 @@ class DTensorBackend:
     def save_checkpoint(self, path: Path, *, background: bool = False) -> None:
         self._write.join()  # the previous save's bytes first (see _previous_write_ended)
         self._write = checkpoint.start_save(path, self._model, self._optimizer, rank=self.rank,
-                                            trained_only=self._lora is not None, background=background)
+                                            trained_only=self._lora is not None, background=background,
+                                            direct=self._direct_io)
         self._saved = (path, self.global_step)
         if not background:
             dist.barrier(group=self._env.cpu_group)  # every rank's bytes are on disk
@@ -393,7 +395,7 @@ class DTensorBackend:
             raise ValueError(f"no trainer checkpoint at {path}")
         self._write.join()  # (see _previous_write_ended)
         self.global_step = checkpoint.load_checkpoint(path, self._model, self._optimizer, rank=self.rank,
-                                                      trained_only=self._lora is not None)
+                                                      trained_only=self._lora is not None, direct=self._direct_io)
         return self.global_step
 
     def export_adapter(self, path: Path) -> int:

@@ -130,8 +130,9 @@ class RawWriter(FileSystemWriter):
     place in the file (its length is known from its shape) and returns at once; the bytes are
     written by `write_file` (inline or from a thread: no collective in it)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, direct: bool = True):
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        self._direct = direct
         self.file: Path | None = None
         self.chunks: list[Chunk] = []
 
@@ -175,7 +176,7 @@ class RawWriter(FileSystemWriter):
         """The bytes of every item, in order, then fsync; returns how ("direct" or "buffered")."""
         assert self.file is not None, "write_data plans the file first"
         try:
-            return write_chunks(self.file, self.chunks)
+            return write_chunks(self.file, self.chunks, direct=self._direct)
         finally:
             self.chunks = []  # the references to the live tensors go with the write
 
@@ -276,14 +277,15 @@ def _quiet() -> Iterator[None]:
 
 
 def start_save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int,
-               trained_only: bool = False, background: bool = False) -> PendingWrite:
+               trained_only: bool = False, background: bool = False, direct: bool = True) -> PendingWrite:
     """Collective: plan the save and write DCP's metadata and this rank's RNG; the tensors' bytes
-    go to disk inline or, with `background`, from a thread (see the module docstring). The
-    checkpoint is complete once every rank's write is done and `finish_save` ran on rank 0."""
+    go to disk inline or, with `background`, from a thread (see the module docstring), with
+    O_DIRECT unless `direct` is False (direct_io.py). The checkpoint is complete once every rank's
+    write is done and `finish_save` ran on rank 0."""
     (path / "rng").mkdir(parents=True, exist_ok=True)
     (path / "written").mkdir(exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=_options(trained_only))
-    writer = RawWriter(str(path / "dcp"))
+    writer = RawWriter(str(path / "dcp"), direct=direct)
     with _quiet(), _ordinary_errors("save into", path):
         dcp.save({"model": model_state, "optim": optim_state}, storage_writer=writer, no_dist=_alone())
     if rank == 0:
@@ -342,7 +344,7 @@ def _allocate_adam_state(optimizer: torch.optim.Optimizer) -> bool:
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int,
                     trained_only: bool = False, direct: bool = True) -> int:
     """Restore model, optimizer and this rank's RNG; returns the saved global step. `direct`
-    False reads through the page cache (benchmarks/checkpoint_real_size.py's A/B)."""
+    False reads through the page cache (checkpointing.direct_io)."""
     options = _options(trained_only)
     _allocate_adam_state(optimizer)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)

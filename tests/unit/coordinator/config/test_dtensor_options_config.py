@@ -1,9 +1,13 @@
 """policy.dtensor_cfg.* and policy.sequence_packing.* reach the trainer's settings (NeMo-RL key names)."""
 
+from pathlib import Path
+
 import pytest
 
 from coordinator.config import ConfigError, load_config
-from coordinator.launch.specs import trainer_settings
+from coordinator.launch.specs import critic_settings, trainer_settings
+
+RECIPES = Path(__file__).resolve().parents[4] / "examples" / "configs"
 
 
 def test_sequence_packing_keys_reach_the_trainer():
@@ -60,3 +64,10 @@ def test_colocated_keys():
                                "policy.generation.colocated.resources.gpus_per_node=2"])
     with pytest.warns(UserWarning, match="ignored by local runs"):
         load_config(overrides=["policy.generation.colocated.resources.num_nodes=1"])
+
+
+def test_checkpointing_direct_io_reaches_the_trainers():
+    assert trainer_settings(load_config(), "model").checkpoint_direct_io  # the default
+    cfg = load_config(RECIPES / "ppo.yaml", overrides=["checkpointing.direct_io=false"])
+    assert not trainer_settings(cfg, "model").checkpoint_direct_io
+    assert not critic_settings(cfg, "model").checkpoint_direct_io
