@@ -103,9 +103,10 @@ class CheckpointingConfig(Section):
     direct_io: bool = True
     """The DTensor trainer writes its checkpoint files and reads them back on resume with O_DIRECT
     where the filesystem takes it, through no page cache (at the 0.5B shape on a VM whose host
-    reclaims free memory: a write ~15x, a resume's load ~2x faster than buffered,
-    benchmarks/results/2026-12-02-direct-checkpoint-reads.md). false: through the page cache, for
-    a filesystem where direct I/O is slow (some network filesystems)."""
+    reclaims free memory: a write ~15x faster than buffered, the trainer's load measured alone
+    ~2x; a whole resume in the service is not settled: benchmarks/results/
+    2026-12-02-direct-checkpoint-reads.md). false: through the page cache, for a filesystem where
+    direct I/O is slow (some network filesystems)."""
 
 
 class WandbConfig(Section):
