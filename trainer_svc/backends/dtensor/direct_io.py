@@ -132,8 +132,7 @@ def read_ranges(file: Path, places: Iterable[tuple[int, memoryview]], direct: bo
                 while done < len(view):
                     n = f.readinto(view[done:])
                     if not n:
-                        raise ValueError(f"checkpoint file {file} ends before byte {offset + len(view)}: a partial "
-                                         "write")
+                        raise _cut_short(file, offset + len(view))
                     done += n
         return "buffered"
     try:
@@ -168,8 +167,7 @@ def _read_direct(fd: int, file: Path, places: Iterable[tuple[int, memoryview]]) 
                         filled = os.preadv(fd, [buffers[current]], start)
                     ahead = None
                     if filled <= position - start:
-                        raise ValueError(f"checkpoint file {file} ends before byte {offset + len(view)}: a partial "
-                                         "write")
+                        raise _cut_short(file, offset + len(view))
                     if filled == DIRECT_STAGE_BYTES:
                         ahead = (start + filled, reader.submit(os.preadv, fd, [buffers[1 - current]], start + filled))
                     window = (current, start, filled)
@@ -184,6 +182,10 @@ def _read_direct(fd: int, file: Path, places: Iterable[tuple[int, memoryview]]) 
             buffer.release()
         for stage in stages:
             stage.close()
+
+
+def _cut_short(file: Path, end: int) -> ValueError:
+    return ValueError(f"checkpoint file {file} ends before byte {end}: a partial write")
 
 
 def _open_direct(file: Path) -> int | None:
