@@ -66,12 +66,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-s", type=float, default=0.5, help="seconds between memory samples")
     p.add_argument("--broadcast-repeats", type=int, default=3)
     p.add_argument("--no-resume", action="store_true", help="skip the resume measurement")
+    p.add_argument("--resumes", type=int, default=1, help="resumes of the first Tandem rep's run, each from the "
+                   "same checkpoint in a fresh process")
+    p.add_argument("--resume-reads", default="", help="comma-separated checkpointing.direct_io settings the "
+                   "resumes alternate in ABBA order (direct, buffered); empty: the config's")
     p.add_argument("--tandem-override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra `tandem run` override for every Tandem run")
     p.add_argument("--work-dir", type=Path, default=None, help="default: a temporary directory, removed at the end")
     p.add_argument("--out", type=Path, default=None, help="the result file (default: benchmarks/results/<date>-...)")
     args = p.parse_args(argv)
     args.shape = "quick" if args.quick else args.size
+    unknown = {r.strip() for r in args.resume_reads.split(",") if r.strip()} - {"direct", "buffered"}
+    if unknown:
+        p.error(f"--resume-reads takes direct and/or buffered, not {', '.join(sorted(unknown))}")
     if args.quick:
         args.steps, args.reps = 2, 1
     return args
@@ -126,22 +133,46 @@ class Bench:
         command = "PYTHONPATH=. " + shlex.join([sys.executable, "-m", "coordinator.cli.main", "run", *overrides])
         return tandem_rep(system, rep_dir / "run", launched, sampler.peaks, command)
 
-    def resume(self, rep_dir: Path, system: str) -> dict:
+    def resume(self, rep_dir: Path, system: str, reads: str = "") -> dict:
         """Resume the rep's run for one more step from its latest checkpoint, evicted from the
-        page cache first: timings_s.resume_s of the resumed run (the trainer's load and the
-        publish after it) and that publish's seconds (the first `weights_published` it logged)."""
+        page cache first (reads: "direct" or "buffered" sets checkpointing.direct_io): the
+        resumed run's timings_s.resume_s (the trainer's load and the publish after it), that
+        publish's seconds (the first `weights_published` it logged), the resumed step's seconds
+        and the process's wall seconds, launch to exit."""
         import json
+        import time
 
-        log = rep_dir / "run" / "logs" / "coordinator.log"
+        log, summary_path = rep_dir / "run" / "logs" / "coordinator.log", rep_dir / "run" / "summary.json"
+        finished = rep_dir / "summary-of-the-run.json"  # the run's own: a resume finds it unfinished at step N + 1
+        if not finished.exists():
+            shutil.copy(summary_path, finished)
+        shutil.copy(finished, summary_path)
         before = len(events(log, "weights_published"))
         evict(rep_dir / "run" / "checkpoints")
         overrides = self.overrides(rep_dir, TANDEM_MODES[system] + self.args.tandem_override)
         overrides += [f"grpo.max_num_steps={self.settings.num_steps + 1}", "--resume"]
-        run_tandem(overrides, rep_dir / "tandem-resume.log")
-        summary = json.loads((rep_dir / "run" / "summary.json").read_text())
+        if reads:
+            overrides.insert(-1, f"checkpointing.direct_io={'true' if reads == 'direct' else 'false'}")
+        launched = run_tandem(overrides, rep_dir / "tandem-resume.log")
+        wall = time.time() - launched
+        summary = json.loads(summary_path.read_text())
         published = events(log, "weights_published")[before:]
-        return {"resume_s": summary.get("timings_s", {}).get("resume_s"),
-                "publish_s": float(published[0]["seconds"]) if published else None}
+        rows = [json.loads(line) for line in (rep_dir / "run" / "metrics.jsonl").read_text().splitlines() if line]
+        step = [r for r in rows if r.get("phase") == "grpo" and r.get("step") == self.settings.num_steps + 1]
+        return {"reads": reads or "config", "resume_s": summary.get("timings_s", {}).get("resume_s"),
+                "publish_s": float(published[0]["seconds"]) if published else None,
+                "step_s": step[-1].get("time_step_s") if step else None, "wall_s": wall}
+
+
+def resume_order(reads: list[str], count: int) -> list[str]:
+    """`count` settings from `reads` in ABBA order (A B B A A B ...): each one as often first
+    after the other as before it."""
+    if not reads:
+        return [""] * count
+    order: list[str] = []
+    while len(order) < count:
+        order += reads if (len(order) // len(reads)) % 2 == 0 else reads[::-1]
+    return order[:count]
 
 
 def run_all(bench: Bench, results: Results) -> None:
@@ -168,8 +199,12 @@ def measure_checkpoint(bench: Bench, results: Results, rep_dir: Path, system: st
               flush=True)
         results.disk_s = disk_seconds(root, results.checkpoint_bytes)
         if not bench.args.no_resume:
-            print("  resuming for one more step (checkpoint evicted from the page cache) ...", flush=True)
-            results.resume = bench.resume(rep_dir, system)
+            reads = [r.strip() for r in bench.args.resume_reads.split(",") if r.strip()]
+            for i, setting in enumerate(resume_order(reads, bench.args.resumes)):
+                print(f"  resume {i + 1}/{bench.args.resumes} for one more step (checkpoint evicted from the page "
+                      f"cache{', reads ' + setting if setting else ''}) ...", flush=True)
+                results.resumes.append(bench.resume(rep_dir, system, setting))
+                print(f"    {results.resumes[-1]}", flush=True)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -72,7 +72,8 @@ class Results:
     checkpoint_bytes: int | None = None
     disk_s: tuple[float, float] | None = None
     """(write + fsync, cold read) seconds of checkpoint_bytes."""
-    resume: dict | None = None
+    resumes: list[dict] = field(default_factory=list)
+    """benchmarks/real_size.py's Bench.resume figures, in the order run."""
 
 
 def events(path: Path, name: str) -> list[dict]:
@@ -193,13 +194,39 @@ def _checkpoint_lines(results: Results) -> list[str]:
         size = (results.checkpoint_bytes or 0) / 2**30
         lines.append(f"- the disk, the same bytes in one file beside the checkpoints: write + fsync {write:.2f} s "
                      f"({size / write:.2f} GiB/s), cold read {read:.2f} s ({size / read:.2f} GiB/s)")
-    if results.resume is not None:
-        resume, publish = results.resume.get("resume_s"), results.resume.get("publish_s")
+    if len(results.resumes) == 1:
+        resume, publish = results.resumes[0].get("resume_s"), results.resumes[0].get("publish_s")
         load = f"; the load without the publish: {resume - publish:.2f} s" if resume and publish is not None else ""
         lines.append(f"- resume (a fresh `tandem run --resume`, the checkpoint evicted from the page cache first): "
                      f"timings_s.resume_s {_number(resume)} s, the trainer's load and the publish of the restored "
                      f"weights (that publish: {_number(publish)} s, its weights_published seconds){load}")
+    elif results.resumes:
+        lines += _resume_table(results.resumes)
     return lines or ["- no checkpoint measured"]
+
+
+def _resume_table(resumes: list[dict]) -> list[str]:
+    """Each resume of one checkpoint (a fresh `tandem run --resume`, evicted first), in the order
+    run, then the medians per checkpointing.direct_io setting."""
+    lines = ["- resumes of one checkpoint, in the order run (each a fresh `tandem run --resume` for one more "
+             "step, the checkpoint evicted from the page cache first; resume_s: the trainer's load and the publish "
+             "after it; wall: launch to exit):", "",
+             "| # | reads | resume_s | its publish | the load | the resumed step | wall |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for i, r in enumerate(resumes):
+        resume, publish = r.get("resume_s"), r.get("publish_s")
+        load = resume - publish if resume is not None and publish is not None else None
+        lines.append(f"| {i + 1} | {r.get('reads', 'config')} | {_number(resume)} | {_number(publish)} | "
+                     f"{_number(load)} | {_number(r.get('step_s'))} | {_number(r.get('wall_s'))} |")
+    lines.append("")
+    for reads in dict.fromkeys(r.get("reads", "config") for r in resumes):
+        mine = [r for r in resumes if r.get("reads", "config") == reads]
+        figures = {key: median([r.get(key) for r in mine])
+                   for key in ("resume_s", "publish_s", "step_s", "wall_s")}
+        lines.append(f"- {reads} ({len(mine)}): median resume_s {_number(figures['resume_s'])}, publish "
+                     f"{_number(figures['publish_s'])}, resumed step {_number(figures['step_s'])}, wall "
+                     f"{_number(figures['wall_s'])} s")
+    return lines
 
 
 def _liveness_lines(results: Results) -> list[str]:

@@ -9,11 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from proc_memory import REST, Peaks, ServiceLog, TreeSampler, by_kind, group_pss_kib, pss_kib, read_ppids, tree_pss_kib
-from real_size import _portable, result_path, settings_for
+from real_size import _portable, parse_args, result_path, resume_order, settings_for
 from real_size_model import SHAPES, Shape, build_checkpoint, build_config
 from real_size_report import Results, SystemRep, render, tandem_rep
 from vs_trl_settings import trl_kwargs
@@ -153,7 +155,7 @@ def test_the_result_file_holds_every_figure(tmp_path):
                       settings=settings_for(4), save_every=2,
                       reps={"trl": [_rep("trl", 11 << 20)], "tandem": [_rep("tandem", 20 << 20)]},
                       publish_bytes=988 << 20, broadcast_s=[0.5, 0.4, 0.6], checkpoint_bytes=6 << 30,
-                      disk_s=(6.0, 3.0), resume={"resume_s": 12.5, "publish_s": 2.0})
+                      disk_s=(6.0, 3.0), resumes=[{"resume_s": 12.5, "publish_s": 2.0}])
     text = render(results)
     assert "# Tandem and TRL at the Qwen2.5-0.5B shape (494.0M parameters)" in text
     assert "| tandem | 1 | 50.00, 44.00, 46.00 | 45.00 | 9.0 | generate 12.00, train 30.00 |" in text
@@ -171,6 +173,24 @@ def test_the_result_file_holds_every_figure(tmp_path):
     assert result_path(args, datetime.date(2026, 11, 28)) == BENCHMARKS / "results" / "2026-11-28-real-size.md"
     assert result_path(argparse.Namespace(out=None, shape="quick"), datetime.date(2026, 11, 28)).name == \
         "2026-11-28-real-size-quick.md"
+
+
+def test_resumes_alternate_their_reads_in_abba_order_and_report_each_and_the_medians():
+    assert resume_order(["direct", "buffered"], 6) == ["direct", "buffered", "buffered", "direct", "direct", "buffered"]
+    assert resume_order([], 2) == ["", ""]
+    with pytest.raises(SystemExit):
+        parse_args(["--resume-reads", "direct,cached"])
+    results = Results(machine="m", command="c", shape=SHAPES["0.5b"], model={"parameters": 1, "bytes": 2, "seconds": 1.0},
+                      settings=settings_for(4), save_every=2,
+                      resumes=[{"reads": "direct", "resume_s": 20.0, "publish_s": 12.0, "step_s": 30.0, "wall_s": 90.0},
+                               {"reads": "buffered", "resume_s": 18.0, "publish_s": 2.0, "step_s": 28.0, "wall_s": 80.0},
+                               {"reads": "buffered", "resume_s": 30.0, "publish_s": 4.0, "step_s": None, "wall_s": 70.0},
+                               {"reads": "direct", "resume_s": 10.0, "publish_s": 2.0, "step_s": 20.0, "wall_s": 60.0}])
+    text = render(results)
+    assert "| 1 | direct | 20.00 | 12.00 | 8.00 | 30.00 | 90.00 |" in text
+    assert "| 3 | buffered | 30.00 | 4.00 | 26.00 | - | 70.00 |" in text
+    assert "- direct (2): median resume_s 15.00, publish 7.00, resumed step 25.00, wall 75.00 s" in text
+    assert "- buffered (2): median resume_s 24.00, publish 3.00, resumed step 28.00, wall 75.00 s" in text
 
 
 def test_a_tandem_run_directory_gives_its_figures(tmp_path):
