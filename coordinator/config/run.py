@@ -104,9 +104,9 @@ class CheckpointingConfig(Section):
     """The DTensor trainer writes its checkpoint files and reads them back on resume with O_DIRECT
     where the filesystem takes it, through no page cache (at the 0.5B shape on a VM whose host
     reclaims free memory: a write ~15x faster than buffered, the trainer's load measured alone
-    ~2x; a whole resume in the service is not settled: benchmarks/results/
-    2026-12-02-direct-checkpoint-reads.md). false: through the page cache, for a filesystem where
-    direct I/O is slow (some network filesystems)."""
+    ~2x; a whole resume in the service costs the same either way there, the load's gain paid back
+    by the generator's first reload: benchmarks/results/2026-12-02-resume-reads.md). false: through
+    the page cache, for a filesystem where direct I/O is slow (some network filesystems)."""
 
 
 class WandbConfig(Section):
