@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="the result file (default: benchmarks/results/<date>-...)")
     args = p.parse_args(argv)
     args.shape = "quick" if args.quick else args.size
-    unknown = {r.strip() for r in args.resume_reads.split(",") if r.strip()} - {"direct", "buffered"}
+    args.resume_reads = [r.strip() for r in args.resume_reads.split(",") if r.strip()]
+    unknown = set(args.resume_reads) - {"direct", "buffered"}
     if unknown:
         p.error(f"--resume-reads takes direct and/or buffered, not {', '.join(sorted(unknown))}")
     if args.quick:
@@ -137,30 +138,35 @@ class Bench:
         """Resume the rep's run for one more step from its latest checkpoint, evicted from the
         page cache first (reads: "direct" or "buffered" sets checkpointing.direct_io): the
         resumed run's timings_s.resume_s (the trainer's load and the publish after it), that
-        publish's seconds (the first `weights_published` it logged), the resumed step's seconds
-        and the process's wall seconds, launch to exit."""
+        publish's seconds (the first `weights_published` it logged), the generator's reload and
+        wait for bytes in it (its first `weights_swapped`), the resumed step's seconds and the
+        process's wall seconds, launch to exit."""
         import json
         import time
 
-        log, summary_path = rep_dir / "run" / "logs" / "coordinator.log", rep_dir / "run" / "summary.json"
+        logs, summary_path = rep_dir / "run" / "logs", rep_dir / "run" / "summary.json"
         finished = rep_dir / "summary-of-the-run.json"  # the run's own: a resume finds it unfinished at step N + 1
         if not finished.exists():
             shutil.copy(summary_path, finished)
-        shutil.copy(finished, summary_path)
-        before = len(events(log, "weights_published"))
+        shutil.copy(finished, summary_path)  # else the second resume finds the run finished and does nothing
+        published_before = len(events(logs / "coordinator.log", "weights_published"))
+        swapped_before = len(events(logs / "generator-0.log", "weights_swapped"))
         evict(rep_dir / "run" / "checkpoints")
         overrides = self.overrides(rep_dir, TANDEM_MODES[system] + self.args.tandem_override)
-        overrides += [f"grpo.max_num_steps={self.settings.num_steps + 1}", "--resume"]
         if reads:
-            overrides.insert(-1, f"checkpointing.direct_io={'true' if reads == 'direct' else 'false'}")
+            overrides.append(f"checkpointing.direct_io={'true' if reads == 'direct' else 'false'}")
+        overrides += [f"grpo.max_num_steps={self.settings.num_steps + 1}", "--resume"]
         launched = run_tandem(overrides, rep_dir / "tandem-resume.log")
         wall = time.time() - launched
         summary = json.loads(summary_path.read_text())
-        published = events(log, "weights_published")[before:]
+        published = events(logs / "coordinator.log", "weights_published")[published_before:]
+        swapped = events(logs / "generator-0.log", "weights_swapped")[swapped_before:]
         rows = [json.loads(line) for line in (rep_dir / "run" / "metrics.jsonl").read_text().splitlines() if line]
         step = [r for r in rows if r.get("phase") == "grpo" and r.get("step") == self.settings.num_steps + 1]
         return {"reads": reads or "config", "resume_s": summary.get("timings_s", {}).get("resume_s"),
                 "publish_s": float(published[0]["seconds"]) if published else None,
+                "reload_s": swapped[0].get("reload_s") if swapped else None,
+                "waited_s": swapped[0].get("waited_s") if swapped else None,
                 "step_s": step[-1].get("time_step_s") if step else None, "wall_s": wall}
 
 
@@ -199,8 +205,7 @@ def measure_checkpoint(bench: Bench, results: Results, rep_dir: Path, system: st
               flush=True)
         results.disk_s = disk_seconds(root, results.checkpoint_bytes)
         if not bench.args.no_resume:
-            reads = [r.strip() for r in bench.args.resume_reads.split(",") if r.strip()]
-            for i, setting in enumerate(resume_order(reads, bench.args.resumes)):
+            for i, setting in enumerate(resume_order(bench.args.resume_reads, bench.args.resumes)):
                 print(f"  resume {i + 1}/{bench.args.resumes} for one more step (checkpoint evicted from the page "
                       f"cache{', reads ' + setting if setting else ''}) ...", flush=True)
                 results.resumes.append(bench.resume(rep_dir, system, setting))

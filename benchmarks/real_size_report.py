@@ -208,23 +208,25 @@ def _checkpoint_lines(results: Results) -> list[str]:
 def _resume_table(resumes: list[dict]) -> list[str]:
     """Each resume of one checkpoint (a fresh `tandem run --resume`, evicted first), in the order
     run, then the medians per checkpointing.direct_io setting."""
-    lines = ["- resumes of one checkpoint, in the order run (each a fresh `tandem run --resume` for one more "
-             "step, the checkpoint evicted from the page cache first; resume_s: the trainer's load and the publish "
-             "after it; wall: launch to exit):", "",
-             "| # | reads | resume_s | its publish | the load | the resumed step | wall |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [("- resumes of one checkpoint, in the order run (each a fresh `tandem run --resume` for one more "
+              "step, the checkpoint evicted from the page cache first; resume_s: the trainer's load and the publish "
+              "after it; reload and waited: the generator's in that publish, its weights_swapped event; wall: launch "
+              "to exit):"), "",
+             "| # | reads | resume_s | its publish | reload | waited | the load | the resumed step | wall |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for i, r in enumerate(resumes):
         resume, publish = r.get("resume_s"), r.get("publish_s")
         load = resume - publish if resume is not None and publish is not None else None
         lines.append(f"| {i + 1} | {r.get('reads', 'config')} | {_number(resume)} | {_number(publish)} | "
-                     f"{_number(load)} | {_number(r.get('step_s'))} | {_number(r.get('wall_s'))} |")
+                     f"{_number(r.get('reload_s'))} | {_number(r.get('waited_s'))} | {_number(load)} | "
+                     f"{_number(r.get('step_s'))} | {_number(r.get('wall_s'))} |")
     lines.append("")
     for reads in dict.fromkeys(r.get("reads", "config") for r in resumes):
         mine = [r for r in resumes if r.get("reads", "config") == reads]
         figures = {key: median([r.get(key) for r in mine])
-                   for key in ("resume_s", "publish_s", "step_s", "wall_s")}
+                   for key in ("resume_s", "publish_s", "reload_s", "step_s", "wall_s")}
         lines.append(f"- {reads} ({len(mine)}): median resume_s {_number(figures['resume_s'])}, publish "
-                     f"{_number(figures['publish_s'])}, resumed step {_number(figures['step_s'])}, wall "
+                     f"{_number(figures['publish_s'])} (reload {_number(figures['reload_s'])}), resumed step {_number(figures['step_s'])}, wall "
                      f"{_number(figures['wall_s'])} s")
     return lines
 

@@ -182,15 +182,55 @@ def test_resumes_alternate_their_reads_in_abba_order_and_report_each_and_the_med
         parse_args(["--resume-reads", "direct,cached"])
     results = Results(machine="m", command="c", shape=SHAPES["0.5b"], model={"parameters": 1, "bytes": 2, "seconds": 1.0},
                       settings=settings_for(4), save_every=2,
-                      resumes=[{"reads": "direct", "resume_s": 20.0, "publish_s": 12.0, "step_s": 30.0, "wall_s": 90.0},
+                      resumes=[{"reads": "direct", "resume_s": 20.0, "publish_s": 12.0, "reload_s": 7.0, "waited_s": 0.1,
+                                "step_s": 30.0, "wall_s": 90.0},
                                {"reads": "buffered", "resume_s": 18.0, "publish_s": 2.0, "step_s": 28.0, "wall_s": 80.0},
                                {"reads": "buffered", "resume_s": 30.0, "publish_s": 4.0, "step_s": None, "wall_s": 70.0},
                                {"reads": "direct", "resume_s": 10.0, "publish_s": 2.0, "step_s": 20.0, "wall_s": 60.0}])
     text = render(results)
-    assert "| 1 | direct | 20.00 | 12.00 | 8.00 | 30.00 | 90.00 |" in text
-    assert "| 3 | buffered | 30.00 | 4.00 | 26.00 | - | 70.00 |" in text
-    assert "- direct (2): median resume_s 15.00, publish 7.00, resumed step 25.00, wall 75.00 s" in text
-    assert "- buffered (2): median resume_s 24.00, publish 3.00, resumed step 28.00, wall 75.00 s" in text
+    assert "| 1 | direct | 20.00 | 12.00 | 7.00 | 0.10 | 8.00 | 30.00 | 90.00 |" in text
+    assert "| 3 | buffered | 30.00 | 4.00 | - | - | 26.00 | - | 70.00 |" in text
+    assert "- direct (2): median resume_s 15.00, publish 7.00 (reload 7.00), resumed step 25.00, wall 75.00 s" in text
+    assert "- buffered (2): median resume_s 24.00, publish 3.00 (reload nan), resumed step 28.00, wall 75.00 s" in text
+
+
+def test_each_resume_starts_from_the_finished_run_s_summary_and_reads_its_own_figures(tmp_path, monkeypatch):
+    """Bench.resume around a stand-in for `tandem run --resume` (the real one is the benchmark's
+    run): every resume sees the run's own summary (a resumed run rewrites it as finished at step
+    5, and the next resume would then do nothing), gets its checkpointing.direct_io, and reports
+    the figures its own run logged, not the ones before it."""
+    import real_size
+
+    run = tmp_path / "tandem-0" / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"steps": 4}))
+    (run / "metrics.jsonl").write_text(json.dumps({"phase": "grpo", "step": 4, "time_step_s": 1.0}) + "\n")
+    (run / "logs" / "coordinator.log").write_text(json.dumps({"event": "weights_published", "seconds": 1.0}) + "\n")
+    launches = []
+
+    def fake_run(overrides, log_path):
+        summary = json.loads((run / "summary.json").read_text())
+        launches.append((summary["steps"], [o for o in overrides if o.startswith("checkpointing.direct_io")]))
+        n = len(launches)
+        (run / "summary.json").write_text(json.dumps({"steps": 5, "timings_s": {"resume_s": 10.0 * n}}))
+        (run / "metrics.jsonl").write_text(json.dumps({"phase": "grpo", "step": 5, "time_step_s": 2.0 * n}) + "\n")
+        with open(run / "logs" / "coordinator.log", "a") as log:
+            log.write(json.dumps({"event": "weights_published", "seconds": float(n)}) + "\n")
+        with open(run / "logs" / "generator-0.log", "a") as log:
+            log.write(json.dumps({"event": "weights_swapped", "reload_s": 0.5 * n, "waited_s": 0.1}) + "\n")
+        return time.time()
+
+    monkeypatch.setattr(real_size, "run_tandem", fake_run)
+    monkeypatch.setattr(real_size, "evict", lambda path: None)
+    bench = object.__new__(real_size.Bench)
+    bench.args, bench.settings = parse_args(["--resumes", "2"]), settings_for(4)
+    monkeypatch.setattr(bench, "overrides", lambda rep_dir, extra: [])
+    first = bench.resume(run.parent, "tandem", "direct")
+    second = bench.resume(run.parent, "tandem", "buffered")
+    assert launches == [(4, ["checkpointing.direct_io=true"]), (4, ["checkpointing.direct_io=false"])]
+    assert (first["resume_s"], first["publish_s"], first["reload_s"], first["step_s"]) == (10.0, 1.0, 0.5, 2.0)
+    assert (second["resume_s"], second["publish_s"], second["reload_s"], second["step_s"]) == (20.0, 2.0, 1.0, 4.0)
+    assert second["reads"] == "buffered" and parse_args([]).resume_reads == []
 
 
 def test_a_tandem_run_directory_gives_its_figures(tmp_path):
