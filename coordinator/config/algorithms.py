@@ -127,7 +127,9 @@ class GRPOConfig(Section):
     """Validate every this many steps (0: only at the start and the end)."""
     val_at_start: bool = True
     """Check the held-out accuracy before the first GRPO step (false: no check there, and no
-    "before -> after" line; after an SFT warm start its last check is that starting point)."""
+    "before -> after" line; after an SFT warm start its last check is that starting point). The
+    check samples the weights the generators loaded from the starting checkpoint: no publish
+    precedes it, the first is step 1's."""
     max_val_samples: int = Field(500, gt=0)
     """Held-out prompts used by each validation (the first ones of the validation set)."""
     seed: int = 42

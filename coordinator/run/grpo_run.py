@@ -101,7 +101,9 @@ class Run(RunBase):
         if resumed is not None:
             accuracy_start = resumed.accuracy_before
         elif accuracy_start is None and val and cfg.grpo.val_at_start:
-            ctx.publish()
+            # No publish first: nothing has changed the trainer's weights since it loaded the
+            # checkpoint, which every generator loaded too, in the dtype the trainer trains in
+            # (weight version 0, coordinator/membership/versions.py); step 1's publish is the first.
             accuracy_start = self.validate(ctx, 0)
         elif accuracy_start is not None:
             self.metrics.log("val", 0, dict(self.last_validation))  # GRPO's starting point: the last SFT check

@@ -105,6 +105,9 @@ def test_each_killed_service_comes_back_and_the_run_finishes_every_step_and_samp
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     grpo = [r for r in rows if r["phase"] == "grpo"]
     assert [r["step"] for r in grpo] == list(range(1, STEPS + 1))  # every step once
+    # The step-0 check sampled the weights the generator loaded; step 1's publish was the first.
+    assert [r["step"] for r in rows if r["phase"] == "val"][0] == 0
+    assert (grpo[0]["generation_weight_version"], grpo[0]["weight_version"]) == (0, 1), grpo[0]
     assert all(r["num_samples"] == 16 for r in grpo)  # every sample
     assert grpo[-1]["service_restarts"] == 3  # generator, reward service, trainer
     assert out.text.count("waiting for a generator") >= 2  # said on the console every few seconds
