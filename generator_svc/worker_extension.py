@@ -46,6 +46,7 @@ from generator_svc.fanout import fan_out
 from generator_svc.free_weights import free_weights, freeable_methods, still_freed
 from generator_svc.lora_adapter import write_adapter
 from generator_svc.moe_repack import repack_moe_experts
+from generator_svc.reload_log import quiet_unloaded_by_design
 from generator_svc.route_capture import RouteCapture
 from generator_svc.staging import Stager
 from generator_svc.tied_weights import refresh_tied_layers, unquantized_embedding_methods
@@ -179,7 +180,8 @@ class TandemWeightExtension:
 
         started = time.perf_counter()
         try:
-            self.model_runner.reload_weights(weights_iterator=noted(), is_checkpoint_format=True)
+            with quiet_unloaded_by_design(self.model_runner.get_model()):  # a tied head gets no tensors (reload_log.py)
+                self.model_runner.reload_weights(weights_iterator=noted(), is_checkpoint_format=True)
         except BaseException:
             _end_failed_reload(self.model_runner)
             raise
