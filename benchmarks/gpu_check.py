@@ -144,7 +144,8 @@ def plan(work: Path, *, dry_run: bool) -> list[Step]:
 
 
 def megatron_settings(model_dir: Path) -> dict:
-    return {"model_name": str(model_dir), "megatron_cfg": {"enabled": True}}  # fp32, the tested default
+    # fp32, the tested default; DTensor off so the settings name the one backend they run
+    return {"model_name": str(model_dir), "megatron_cfg": {"enabled": True}, "dtensor_cfg": {"enabled": False}}
 
 
 def run_step(step: Step, work: Path, timeout_s: float) -> dict:
