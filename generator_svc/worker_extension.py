@@ -46,6 +46,7 @@ from generator_svc.fanout import fan_out
 from generator_svc.free_weights import free_weights, freeable_methods, still_freed
 from generator_svc.lora_adapter import write_adapter
 from generator_svc.moe_repack import repack_moe_experts
+from generator_svc.receive_threads import threads_while_receiving
 from generator_svc.reload_log import quiet_unloaded_by_design
 from generator_svc.route_capture import RouteCapture
 from generator_svc.staging import Stager
@@ -139,7 +140,11 @@ class TandemWeightExtension:
         source = source_from_json(source_json)
         if not isinstance(source, CollectiveSource):
             raise TypeError(f"a streamed weight update reads the weight-sync group, not {type(source).__name__}")
-        tensors = stager.stream(source, version)
+        # one core left to the threads that move the bytes while vLLM repacks (receive_threads.py)
+        with threads_while_receiving(torch.device(self.device)) as threads:
+            return {**self._tandem_receive_apply(stager.stream(source, version)), "reload_threads": threads}
+
+    def _tandem_receive_apply(self, tensors) -> dict:
         try:
             first = next(tensors)  # the header and the first window, checked: nothing of the model touched yet
         except StopIteration:

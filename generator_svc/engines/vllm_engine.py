@@ -340,7 +340,8 @@ class VllmEngine:
                 await self._llm.resume_generation()
             log.info("weights_swapped", streamed=True, tensors=result["applied"],
                      seconds=round(time.monotonic() - started, 3),
-                     **{k: v for k, v in result.items() if k.endswith("_s")})  # reload (waited on the wire), repack
+                     # reload (waited on the wire), repack, and the reload's threads (receive_threads.py)
+                     **{k: v for k, v in result.items() if k.endswith("_s") or k == "reload_threads"})
             self._sleep.loaded()
             return self._version
 
