@@ -5,10 +5,10 @@ linear layer anew for oneDNN, runs while the weight-sync group's receiving threa
 buckets out of its socket, and, in a local run, while the trainer's sending thread does the same
 on the same cores. At the generator's full thread count the reload's OpenMP team takes every
 core, its idle worker spins in libgomp between the reload's many short parallel regions, and the
-threads that move the bytes wait for a core. At Qwen2.5-0.5B's shape on 2 cores (perf over whole
-runs) a steady-state publish kept both cores busy for 2.5-2.9 s, about 1 CPU-second of it
-libgomp; with one thread fewer for the reload (1 of 2) the same publish took 1.7-1.8 s and the
-spinning was gone (benchmarks/results/2026-12-03-receive-threads.md).
+threads that move the bytes wait for a core. At Qwen2.5-0.5B's shape on 2 cores a steady-state
+publish of a whole run spent about a CPU-second in libgomp (perf). With one thread fewer for the
+reload (1 of 2) that was gone, and the publish took 1.85 s against 2.29 s (medians of 9, whole
+runs alternated: benchmarks/results/2026-12-03-receive-threads.md).
 
 So the reload runs on one thread fewer than the generator has (never under one), and the count
 comes back when the update ends, failed or not. Left alone: GPU generators (the reload's work is

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from benchmarks.phase_profile import parse_perf_script, profile, run_phases
+from benchmarks.phase_profile import by_object, parse_perf_script, profile, run_phases
 
 T0 = 1796206500.0  # 2026-12-02T10:15:00Z
 
@@ -64,3 +64,28 @@ def test_each_phase_counts_its_busy_samples_and_those_zeroing_pages(tmp_path):
     # the publish: the engine's one sample, zeroing; the train phase: two busy, one zeroing (the idle
     # task's sample is not busy; the sample after the phase belongs to none)
     assert [(p.kind, busy, zeroing) for p, busy, zeroing in rows] == [("publish", 1, 1), ("train", 2, 1)]
+
+
+# the same with `dso` among the fields: each frame ends with its shared object
+PERF_DSO = """\
+ VLLM::EngineCor 30001 {t}:
+\t7f77609dec00 gomp_barrier_wait_end (/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1)
+
+ VLLM::EngineCor 30001 {t}:
+\t7f774c820084 [unknown] (/tmp/perf-30001.map)
+
+ VLLM::EngineCor 30001 {t}:
+\t7f77609dec10 gomp_team_barrier_wait_end (/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1)
+
+   gloo_tcp_loop 22912 {t}:
+\tffffffffa1b2c3d4 _copy_to_iter ([kernel.kallsyms])
+"""
+
+
+def test_each_phase_names_the_processes_and_shared_objects_that_took_its_cpu(tmp_path):
+    samples = list(parse_perf_script(PERF_DSO.format(t=f"{T0 - 4:.6f}").splitlines()))
+    assert [s.object for s in samples] == ["libgomp.so.1", "perf-30001.map", "libgomp.so.1", "[kernel.kallsyms]"]
+    (publish, rows), (train, none) = by_object(run_phases(_run(tmp_path)), samples, hz=1, top=2)
+    assert (publish.kind, rows) == ("publish", [("VLLM::EngineCor", "libgomp.so.1", 2), ("VLLM::EngineCor", "perf-30001.map", 1)])
+    assert (train.kind, none) == ("train", [])
+    assert next(parse_perf_script(PERF.format(t1="1.0", t2="2.0", t3="3.0", t4="4.0").splitlines())).object == ""
