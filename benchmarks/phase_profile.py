@@ -87,17 +87,23 @@ def parse_perf_script(lines: Iterable[str]) -> Iterator[Sample]:
             yield Sample(header[0], header[1], text)
 
 
-def profile(phases: list[Phase], samples: Iterable[Sample], hz: float) -> list[tuple[Phase, float, float]]:
-    """Per phase: (phase, CPU-seconds busy, CPU-seconds zeroing pages), at `hz` samples a second."""
-    busy = [0] * len(phases)
-    zeroing = [0] * len(phases)
+def _busy_in_phases(phases: list[Phase], samples: Iterable[Sample]) -> Iterator[tuple[int, Sample]]:
+    """(phase index, sample) for each sample of a busy CPU (not the idle task) inside a phase."""
     for sample in samples:
         if sample.comm == "swapper":  # the idle task
             continue
         for i, phase in enumerate(phases):
             if phase.start <= sample.time <= phase.end:
-                busy[i] += 1
-                zeroing[i] += "clear_page" in sample.top
+                yield i, sample
+
+
+def profile(phases: list[Phase], samples: Iterable[Sample], hz: float) -> list[tuple[Phase, float, float]]:
+    """Per phase: (phase, CPU-seconds busy, CPU-seconds zeroing pages), at `hz` samples a second."""
+    busy = [0] * len(phases)
+    zeroing = [0] * len(phases)
+    for i, sample in _busy_in_phases(phases, samples):
+        busy[i] += 1
+        zeroing[i] += "clear_page" in sample.top
     return [(phase, busy[i] / hz, zeroing[i] / hz) for i, phase in enumerate(phases)]
 
 
@@ -105,12 +111,8 @@ def by_object(phases: list[Phase], samples: Iterable[Sample], hz: float,
               top: int) -> list[tuple[Phase, list[tuple[str, str, float]]]]:
     """Per phase: its `top` (process name, shared object, CPU-seconds) triples, the most first."""
     counts: list[Counter[tuple[str, str]]] = [Counter() for _ in phases]
-    for sample in samples:
-        if sample.comm == "swapper":
-            continue
-        for i, phase in enumerate(phases):
-            if phase.start <= sample.time <= phase.end:
-                counts[i][(sample.comm, sample.object or "?")] += 1
+    for i, sample in _busy_in_phases(phases, samples):
+        counts[i][(sample.comm, sample.object or "?")] += 1
     return [(phase, [(comm, obj, n / hz) for (comm, obj), n in counts[i].most_common(top)])
             for i, phase in enumerate(phases)]
 
