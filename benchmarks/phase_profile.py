@@ -120,7 +120,7 @@ def by_object(phases: list[Phase], samples: Iterable[Sample], hz: float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run's directory (logger.log_dir/logger.run_name)")
-    parser.add_argument("perf_script", type=Path, help="`perf script -F comm,pid,time,ip,sym` output")
+    parser.add_argument("perf_script", type=Path, help="`perf script -F comm,pid,time,ip,sym[,dso]` output (dso for --by-object)")
     parser.add_argument("--hz", type=float, default=99, help="perf record's -F")
     parser.add_argument("--by-object", type=int, default=0, metavar="N",
                         help="also, per phase, the N (process, shared object) pairs with the most CPU (needs dso)")
