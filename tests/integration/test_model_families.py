@@ -185,7 +185,14 @@ def test_published_weights_match_the_trainer(family, families_cache, tmp_path, m
                          "export_s": _check_export(ctx, prompts, tmp_path / "hf-megatron")})
     # vLLM's reload warned of no layer that loaded nothing: those that load nothing by design (a tied
     # head, Gemma3Model's normalizer) are quieted (generator_svc/reload_log.py; each publish warned before)
-    assert "Failed to load weights" not in (run_dir / "logs" / "generator-0.log").read_text()
+    generator_log = (run_dir / "logs" / "generator-0.log").read_text()
+    assert "Failed to load weights" not in generator_log
+    # a streamed update (the modes that stream: one vLLM worker, weights over the collective) reports
+    # the threads its reload ran on (generator_svc/receive_threads.py): 1, as this suite's generators
+    # have 1; without the key the worker no longer goes through it
+    streamed = [event for line in generator_log.splitlines() if '"weights_swapped"' in line
+                and (event := json.loads(line)).get("streamed")]
+    assert all(event.get("reload_threads") == 1 for event in streamed), streamed
     for row in rows:
         _report(family=family, mode=mode, params=num_parameters(model_dir), startup_s=startup_s, **row)
 
